@@ -1,0 +1,291 @@
+//! The grant channel: where a waiting [`lock`](crate::LockRegistry::lock) call and the registry
+//! actor meet.
+//!
+//! It is a oneshot channel that also knows *where the waiter is*, so that whichever side gives
+//! up first learns exactly what the other must undo. A plain `tokio::sync::oneshot` cannot do
+//! this: its sender learns that the receiver is gone only when it sends, and a value sent but
+//! never received is dropped without a trace. Here one small mutex orders the two sides:
+//!
+//! | receiver gives up while the slot is | the receiver then sends | the actor, if it gets there after |
+//! |---|---|---|
+//! | `Sent` (actor has not seen the request) | nothing | skips the request, no entry is made |
+//! | `Queued(id)` | a cancel of `id` | finds `Abandoned` when granting and releases at once |
+//! | `Granted(id, token)` | a release of `id` | — |
+//! | `Closed` | nothing | — |
+//!
+//! The actor never learns about a give-up by any other route, and every route ends in exactly
+//! one cancel or one release, so no key can be left held by a waiter that is gone.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use crate::table::WaiterId;
+
+/// Creates a grant channel for one acquire request.
+pub(crate) fn channel() -> (GrantSender, GrantReceiver) {
+    let slot = Arc::new(Mutex::new(Slot {
+        state: SlotState::Sent,
+        waker: None,
+    }));
+    (
+        GrantSender {
+            slot: Arc::clone(&slot),
+        },
+        GrantReceiver { slot },
+    )
+}
+
+/// A grant as delivered: who holds the key now and under which fencing token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Granted {
+    pub(crate) waiter_id: WaiterId,
+    pub(crate) fencing_token: u64,
+}
+
+/// The registry stopped before the request was granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Closed;
+
+/// The receiver gave up before the grant arrived; the caller must undo the grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Abandoned;
+
+/// What the receiver must tell the actor after giving up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Undo {
+    /// Nothing: the actor has not enqueued the request or will never grant it.
+    Nothing,
+    /// Withdraw this waiter from its queue.
+    Cancel(WaiterId),
+    /// Release the key this waiter was granted but never received.
+    Release(WaiterId),
+}
+
+#[derive(Debug)]
+struct Slot {
+    state: SlotState,
+    waker: Option<Waker>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    /// The request is on its way to the actor.
+    Sent,
+    /// The actor queued the request under this id.
+    Queued(WaiterId),
+    /// The actor granted the key; the receiver has not taken the grant yet.
+    Granted(Granted),
+    /// The receiver took the grant: nothing is left to undo on either side.
+    Received,
+    /// The receiver gave up; the actor undoes whatever it does next for this request.
+    Abandoned,
+    /// The actor will never grant this request.
+    Closed,
+}
+
+fn lock(slot: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
+    // No code runs under this lock that can panic, so poisoning cannot happen; if it ever did,
+    // the state is still a plain value and safe to use.
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The actor's end. Dropping it without granting closes the channel, so a waiter whose request
+/// is lost (actor stopped, message dropped) gets [`Closed`] instead of waiting forever.
+#[derive(Debug)]
+pub(crate) struct GrantSender {
+    slot: Arc<Mutex<Slot>>,
+}
+
+impl GrantSender {
+    /// Whether the receiver has given up already.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        lock(&self.slot).state == SlotState::Abandoned
+    }
+
+    /// Records that the request waits under `waiter_id`, so that a give-up becomes a cancel.
+    ///
+    /// # Errors
+    ///
+    /// [`Abandoned`] if the receiver already gave up: the caller must cancel `waiter_id`.
+    pub(crate) fn queued(&self, waiter_id: WaiterId) -> Result<(), Abandoned> {
+        let mut slot = lock(&self.slot);
+        match slot.state {
+            SlotState::Sent => {
+                slot.state = SlotState::Queued(waiter_id);
+                Ok(())
+            }
+            _ => Err(Abandoned),
+        }
+    }
+
+    /// Delivers the grant and wakes the receiver.
+    ///
+    /// # Errors
+    ///
+    /// [`Abandoned`] if the receiver gave up: the caller must release `granted.waiter_id` itself.
+    pub(crate) fn grant(self, granted: Granted) -> Result<(), Abandoned> {
+        let waker = {
+            let mut slot = lock(&self.slot);
+            if slot.state == SlotState::Abandoned {
+                return Err(Abandoned);
+            }
+            slot.state = SlotState::Granted(granted);
+            slot.waker.take()
+        };
+        // Wake outside the lock: the woken task may run at once on another worker.
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for GrantSender {
+    fn drop(&mut self) {
+        let waker = {
+            let mut slot = lock(&self.slot);
+            match slot.state {
+                SlotState::Sent | SlotState::Queued(_) => {
+                    slot.state = SlotState::Closed;
+                    slot.waker.take()
+                }
+                _ => None,
+            }
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// The waiting side. It does not undo anything by itself: [`abandon`](Self::abandon) says what
+/// the owner must send to the actor, which keeps this module free of the actor's types.
+#[derive(Debug)]
+pub(crate) struct GrantReceiver {
+    slot: Arc<Mutex<Slot>>,
+}
+
+impl GrantReceiver {
+    /// Polls for the grant.
+    pub(crate) fn poll_grant(&mut self, cx: &mut Context<'_>) -> Poll<Result<Granted, Closed>> {
+        let mut slot = lock(&self.slot);
+        match slot.state {
+            SlotState::Granted(granted) => {
+                slot.state = SlotState::Received;
+                Poll::Ready(Ok(granted))
+            }
+            SlotState::Closed => Poll::Ready(Err(Closed)),
+            SlotState::Sent | SlotState::Queued(_) => {
+                match &mut slot.waker {
+                    Some(waker) if waker.will_wake(cx.waker()) => {}
+                    waker => *waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            // Polled after completion or after giving up: behave like a closed channel rather
+            // than panic.
+            SlotState::Received | SlotState::Abandoned => Poll::Ready(Err(Closed)),
+        }
+    }
+
+    /// Gives up on the grant and says what the actor must be told so that nothing is left
+    /// behind. Idempotent: a second call returns [`Undo::Nothing`].
+    pub(crate) fn abandon(&mut self) -> Undo {
+        let mut slot = lock(&self.slot);
+        let undo = match slot.state {
+            SlotState::Sent => Undo::Nothing,
+            SlotState::Queued(waiter_id) => Undo::Cancel(waiter_id),
+            SlotState::Granted(granted) => Undo::Release(granted.waiter_id),
+            SlotState::Received | SlotState::Abandoned | SlotState::Closed => return Undo::Nothing,
+        };
+        slot.state = SlotState::Abandoned;
+        slot.waker = None;
+        undo
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Poll;
+
+    use slotmap::KeyData;
+    use tokio_test::task;
+
+    use super::*;
+
+    fn waiter(n: u64) -> WaiterId {
+        WaiterId::from(KeyData::from_ffi(n))
+    }
+
+    fn granted(n: u64) -> Granted {
+        Granted {
+            waiter_id: waiter(n),
+            fencing_token: n,
+        }
+    }
+
+    #[test]
+    fn grant_wakes_the_waiting_receiver() {
+        let (sender, mut receiver) = channel();
+        let mut wait = task::spawn(std::future::poll_fn(|cx| receiver.poll_grant(cx)));
+        assert!(wait.poll().is_pending());
+        sender.queued(waiter(1)).unwrap();
+        sender.grant(granted(1)).unwrap();
+        assert!(wait.is_woken());
+        assert_eq!(wait.poll(), Poll::Ready(Ok(granted(1))));
+    }
+
+    #[test]
+    fn giving_up_before_the_actor_sees_the_request_needs_no_undo() {
+        let (sender, mut receiver) = channel();
+        assert_eq!(receiver.abandon(), Undo::Nothing);
+        assert!(sender.is_abandoned());
+        assert_eq!(sender.queued(waiter(1)), Err(Abandoned));
+    }
+
+    #[test]
+    fn giving_up_while_queued_cancels_and_a_later_grant_is_refused() {
+        let (sender, mut receiver) = channel();
+        sender.queued(waiter(7)).unwrap();
+        assert_eq!(receiver.abandon(), Undo::Cancel(waiter(7)));
+        assert_eq!(sender.grant(granted(7)), Err(Abandoned));
+    }
+
+    #[test]
+    fn giving_up_with_a_grant_in_flight_releases_it() {
+        let (sender, mut receiver) = channel();
+        sender.queued(waiter(3)).unwrap();
+        sender.grant(granted(3)).unwrap();
+        assert_eq!(receiver.abandon(), Undo::Release(waiter(3)));
+        assert_eq!(receiver.abandon(), Undo::Nothing, "abandon is idempotent");
+    }
+
+    #[test]
+    fn a_received_grant_needs_no_undo() {
+        let (sender, mut receiver) = channel();
+        sender.grant(granted(2)).unwrap();
+        let mut wait = task::spawn(std::future::poll_fn(|cx| receiver.poll_grant(cx)));
+        assert_eq!(wait.poll(), Poll::Ready(Ok(granted(2))));
+        drop(wait);
+        assert_eq!(receiver.abandon(), Undo::Nothing);
+    }
+
+    #[test]
+    fn dropping_the_sender_unresolved_closes_and_wakes() {
+        let (sender, mut receiver) = channel();
+        let mut wait = task::spawn(std::future::poll_fn(|cx| receiver.poll_grant(cx)));
+        assert!(wait.poll().is_pending());
+        sender.queued(waiter(1)).unwrap();
+        drop(sender);
+        assert!(wait.is_woken());
+        assert_eq!(wait.poll(), Poll::Ready(Err(Closed)));
+    }
+
+    #[test]
+    fn dropping_the_sender_after_granting_keeps_the_grant() {
+        let (sender, mut receiver) = channel();
+        sender.grant(granted(4)).unwrap();
+        let mut wait = task::spawn(std::future::poll_fn(|cx| receiver.poll_grant(cx)));
+        assert_eq!(wait.poll(), Poll::Ready(Ok(granted(4))));
+    }
+}

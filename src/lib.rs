@@ -1,0 +1,85 @@
+//! Per-key async locks for tokio, owned by one registry actor.
+//!
+//! Services that must serialize work per key (a user, an account, a job) need a lock per key
+//! without a lock map that grows for ever, and without the race where an entry is removed
+//! while a task still uses it, so that two tasks hold "the same" key. `keyed-locks` keeps the
+//! whole map (holder, FIFO waiter queue and reference count per key) inside one
+//! [kameo](https://docs.rs/kameo) actor, which does all bookkeeping serially. An entry exists
+//! exactly while someone holds or waits for its key, whatever happens to the waiters:
+//! timeouts, `select!`, aborted tasks and panics included.
+//!
+//! ```
+//! use keyed_locks::LockRegistry;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), keyed_locks::LockError> {
+//! let registry = LockRegistry::spawn();
+//!
+//! let guard = registry.lock(42u64).await?;   // waits, FIFO, while another task holds 42
+//! println!("fencing token {}", guard.fencing_token());
+//! drop(guard);                               // releases without awaiting
+//!
+//! assert_eq!(registry.stats().await?.keys, 0); // nothing left behind
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What it guarantees
+//!
+//! - **Mutual exclusion per key**; distinct keys never wait for each other.
+//! - **FIFO per key**, by order of arrival at the registry.
+//! - **No leak**: the map holds an entry only while someone holds or waits for its key.
+//! - **Cancel safety**: dropping a [`lock`](LockRegistry::lock) future at any moment, even
+//!   with its grant in flight, leaves nothing behind and never wedges the key.
+//! - **Every exit releases**: a [`KeyGuard`] releases on drop, on panic and on abort,
+//!   without awaiting.
+//! - **Fencing tokens**: every grant carries a token greater than all earlier ones.
+//! - **Closed, not hung**: after [`shutdown`](LockRegistry::shutdown), or if the actor dies,
+//!   every waiter and every later call gets [`LockError::Closed`].
+//!
+//! # How it is built
+//!
+//! [`table::LockTable`] is the pure state machine: no tokio, no clock, replayable step by
+//! step. [`RegistryActor`] owns one table and turns messages into table calls.
+//! [`LockRegistry`] and [`KeyGuard`] are the thin public handles. ARCHITECTURE.md in the
+//! repository follows a request through all three.
+//!
+//! # When not to use it
+//!
+//! - **Synchronous code** or critical sections that never await: a `std`/`parking_lot`
+//!   mutex per shard, or `dashmap`, is simpler and faster.
+//! - **A fixed, small set of keys** known up front: a `tokio::sync::Mutex` per key in a plain
+//!   struct needs no registry at all.
+//! - **Across processes or machines**: this registry lives in one process. Use a database or
+//!   a lease service (and check the fencing token at the resource).
+//! - **Extreme rates on one runtime thread**: every lock and release is a message to one
+//!   actor; see the benchmarks in the repository for what that costs against the mutex-map
+//!   crates.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+#![deny(unused_must_use)]
+
+mod actor;
+mod error;
+mod grant;
+mod guard;
+pub mod messages;
+mod registry;
+mod stats;
+pub mod table;
+
+use std::fmt::Debug;
+use std::hash::Hash;
+
+pub use actor::RegistryActor;
+pub use error::{LockError, TryLockError};
+pub use guard::KeyGuard;
+pub use registry::{LockRegistry, RegistryBuilder};
+pub use stats::RegistryStats;
+
+/// What a key must be: hashable, comparable, cloneable, printable for `tracing`, and movable
+/// across tasks. Implemented for every such type.
+pub trait LockKey: Hash + Eq + Clone + Debug + Send + Sync + 'static {}
+
+impl<K> LockKey for K where K: Hash + Eq + Clone + Debug + Send + Sync + 'static {}

@@ -1,0 +1,73 @@
+//! The messages of the registry actor, for use through [`LockRegistry::actor_ref`].
+//!
+//! Most code should call the methods of [`LockRegistry`] instead: they wrap these messages and
+//! add what a raw `ask` cannot give, such as prompt cleanup when a waiting `lock` is dropped.
+//! The messages are for code that composes actors with kameo directly.
+//!
+//! ```
+//! use keyed_locks::{LockRegistry, messages::Acquire};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let registry = LockRegistry::<u64>::spawn();
+//! let guard = registry.actor_ref().ask(Acquire { key: 42 }).await?;
+//! assert_eq!(*guard.key(), 42);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`LockRegistry`]: crate::LockRegistry
+//! [`LockRegistry::actor_ref`]: crate::LockRegistry::actor_ref
+
+use crate::grant::GrantSender;
+use crate::table::WaiterId;
+
+/// Waits for `key` and replies with its [`KeyGuard`](crate::KeyGuard) once granted (FIFO).
+///
+/// Send it with `ask`; an `Acquire` sent with `tell` has nobody to grant to and is ignored.
+/// The reply is `Err(LockError::Closed)` if the registry stops first.
+///
+/// # Cancel safety
+///
+/// Dropping the `ask` future never leaves a key held or an entry behind: when the key's turn
+/// comes, the guard that nobody receives is dropped and releases the key at once. Unlike
+/// [`LockRegistry::lock`](crate::LockRegistry::lock), the abandoned request keeps its place
+/// in the queue (and counts in [`RegistryStats::waiting`](crate::RegistryStats::waiting))
+/// until then, because kameo does not tell an actor that an asker went away.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acquire<K> {
+    /// The key to lock.
+    pub key: K,
+}
+
+/// Takes `key` if it is free and replies with its [`KeyGuard`](crate::KeyGuard), or with
+/// [`TryLockError::WouldBlock`](crate::TryLockError::WouldBlock) at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TryAcquire<K> {
+    /// The key to lock.
+    pub key: K,
+}
+
+/// Replies with the registry's [`RegistryStats`](crate::RegistryStats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GetStats;
+
+/// Enqueues a [`lock`](crate::LockRegistry::lock) call whose grant goes to `grant`.
+#[derive(Debug)]
+pub(crate) struct Enqueue<K> {
+    pub(crate) key: K,
+    pub(crate) grant: GrantSender,
+}
+
+/// Ends a hold: sent by a [`KeyGuard`](crate::KeyGuard)'s drop, or by a `lock` call dropped
+/// with its grant in flight.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Release {
+    pub(crate) waiter_id: WaiterId,
+}
+
+/// Withdraws a queued `lock` call whose future was dropped.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cancel {
+    pub(crate) waiter_id: WaiterId,
+}

@@ -1,0 +1,366 @@
+//! [`LockRegistry`], the cloneable handle, and [`RegistryBuilder`].
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use kameo::actor::{ActorRef, Spawn};
+use kameo::error::SendError;
+use kameo::mailbox;
+
+use crate::LockKey;
+use crate::actor::{RegistryActor, RegistryConfig};
+use crate::error::{LockError, TryLockError};
+use crate::grant::{self, GrantReceiver, Undo};
+use crate::guard::KeyGuard;
+use crate::messages::{Cancel, Enqueue, GetStats, Release, TryAcquire};
+use crate::stats::RegistryStats;
+
+/// A registry of per-key async locks: the handle to one registry actor.
+///
+/// Cloning is cheap (a reference count) and every clone talks to the same registry. The
+/// registry stops by itself once every handle and every [`KeyGuard`] is gone, or at once on
+/// [`shutdown`](Self::shutdown).
+///
+/// # Fairness
+///
+/// Strict FIFO per key, in order of arrival at the registry: a waiter is granted only after
+/// every earlier waiter for the same key was granted or gave up, and a new request never
+/// overtakes a queued one. Requests sent one after the other by one task arrive in that order.
+/// Requests of different tasks arrive in the order the registry receives them, which the
+/// tokio scheduler decides.
+///
+/// # Examples
+///
+/// ```
+/// use keyed_locks::LockRegistry;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), keyed_locks::LockError> {
+/// let registry = LockRegistry::spawn();
+/// {
+///     let _guard = registry.lock("account:7").await?;
+///     // ... the only task working on account 7 ...
+/// }
+/// assert_eq!(registry.stats().await?.keys, 0);
+/// # Ok(())
+/// # }
+/// ```
+pub struct LockRegistry<K: LockKey> {
+    actor_ref: ActorRef<RegistryActor<K>>,
+}
+
+impl<K: LockKey> LockRegistry<K> {
+    /// Spawns a registry with default settings on the current tokio runtime.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime, as [`tokio::spawn`] does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let registry = keyed_locks::LockRegistry::<String>::spawn();
+    /// # }
+    /// ```
+    pub fn spawn() -> Self {
+        Self::builder().spawn()
+    }
+
+    /// A builder for a registry with non-default settings.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let registry = keyed_locks::LockRegistry::<u64>::builder().spawn();
+    /// # }
+    /// ```
+    pub fn builder() -> RegistryBuilder<K> {
+        RegistryBuilder {
+            config: RegistryConfig::default(),
+            key: PhantomData,
+        }
+    }
+
+    /// Waits for `key` and returns a guard that holds it until dropped.
+    ///
+    /// Waiters of one key are granted in FIFO order (see [Fairness](Self#fairness)); distinct
+    /// keys never wait for each other.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. Dropping the future at any point (a `timeout`, a losing `select!` branch,
+    /// an aborted task) withdraws the request: if it was queued it leaves the queue at once,
+    /// and if the key was granted to it but not yet received, the key is released and passes
+    /// to the next waiter. No entry is left behind and the key is never stuck. The future
+    /// keeps its place in the queue across polls.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] if the registry has shut down or stops while this call waits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_locks::LockRegistry;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keyed_locks::LockError> {
+    /// let registry = LockRegistry::spawn();
+    /// let guard = registry.lock(42u64).await?;
+    ///
+    /// // A second caller waits; here it gives up after 10 ms, leaving nothing behind.
+    /// let second = tokio::time::timeout(Duration::from_millis(10), registry.lock(42)).await;
+    /// assert!(second.is_err());
+    ///
+    /// drop(guard);
+    /// assert_eq!(registry.stats().await?.keys, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn lock(&self, key: K) -> Result<KeyGuard<K>, LockError> {
+        let (sender, receiver) = grant::channel();
+        // Armed before sending, so that from here on any drop of this future undoes the request.
+        let mut pending = PendingGrant {
+            receiver,
+            registry: &self.actor_ref,
+        };
+        self.actor_ref
+            .tell(Enqueue {
+                key: key.clone(),
+                grant: sender,
+            })
+            .try_send()
+            .map_err(|_| LockError::Closed)?;
+        let granted = std::future::poll_fn(|cx| pending.receiver.poll_grant(cx))
+            .await
+            .map_err(|_| LockError::Closed)?;
+        Ok(KeyGuard::new(
+            key,
+            granted.waiter_id,
+            granted.fencing_token,
+            self.actor_ref.clone(),
+        ))
+    }
+
+    /// Takes `key` if it is free right now, without waiting.
+    ///
+    /// A key with waiters is not free: they come first.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. If the future is dropped after the registry granted the key, the guard
+    /// that nobody receives is dropped and releases the key at once; either way no entry is
+    /// left behind.
+    ///
+    /// # Errors
+    ///
+    /// [`TryLockError::WouldBlock`] if the key is held or has waiters (nothing changes),
+    /// [`TryLockError::Closed`] if the registry has shut down.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_locks::{LockRegistry, TryLockError};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), TryLockError> {
+    /// let registry = LockRegistry::spawn();
+    /// let guard = registry.try_lock("job:9").await?;
+    /// assert_eq!(registry.try_lock("job:9").await.unwrap_err(), TryLockError::WouldBlock);
+    /// drop(guard);
+    /// assert!(registry.try_lock("job:9").await.is_ok());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn try_lock(&self, key: K) -> Result<KeyGuard<K>, TryLockError> {
+        match self.actor_ref.ask(TryAcquire { key }).await {
+            Ok(guard) => Ok(guard),
+            Err(SendError::HandlerError(error)) => Err(error),
+            Err(_) => Err(TryLockError::Closed),
+        }
+    }
+
+    /// The registry's counts, taken after every request sent before this one.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] if the registry has shut down.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keyed_locks::LockError> {
+    /// let registry = keyed_locks::LockRegistry::spawn();
+    /// let guard = registry.lock("a").await?;
+    /// let stats = registry.stats().await?;
+    /// assert_eq!((stats.keys, stats.held, stats.waiting), (1, 1, 0));
+    /// drop(guard);
+    /// assert_eq!(registry.stats().await?.keys, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn stats(&self) -> Result<RegistryStats, LockError> {
+        self.actor_ref
+            .ask(GetStats)
+            .await
+            .map_err(|_| LockError::Closed)
+    }
+
+    /// Stops the registry and returns once its actor has stopped.
+    ///
+    /// Requests sent before the shutdown are handled first; then every waiter gets
+    /// [`LockError::Closed`], and so does every later call on any handle. Guards still out
+    /// stay valid values and can be dropped at any time. Calling it again is harmless.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: once the first poll has begun the shutdown, the registry stops whether or
+    /// not the future is polled again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_locks::{LockError, LockRegistry};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let registry = LockRegistry::spawn();
+    /// let guard = registry.lock(1).await.unwrap();
+    /// registry.shutdown().await;
+    /// assert_eq!(registry.lock(2).await.unwrap_err(), LockError::Closed);
+    /// drop(guard);
+    /// # }
+    /// ```
+    pub async fn shutdown(&self) {
+        // Fails only if the actor has stopped already, which is what we want anyway.
+        let _ = self.actor_ref.stop_gracefully().await;
+        self.actor_ref.wait_for_shutdown().await;
+    }
+
+    /// Whether the registry has stopped (or is stopping) and will grant nothing more.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let registry = keyed_locks::LockRegistry::<u8>::spawn();
+    /// assert!(!registry.is_closed());
+    /// registry.shutdown().await;
+    /// assert!(registry.is_closed());
+    /// # }
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        !self.actor_ref.is_alive()
+    }
+
+    /// The registry actor, for sending it [`messages`](crate::messages) with kameo directly.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_locks::messages::GetStats;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::LockRegistry::<u64>::spawn();
+    /// let stats = registry.actor_ref().ask(GetStats).await?;
+    /// assert_eq!(stats.keys, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn actor_ref(&self) -> &ActorRef<RegistryActor<K>> {
+        &self.actor_ref
+    }
+}
+
+impl<K: LockKey> Clone for LockRegistry<K> {
+    fn clone(&self) -> Self {
+        LockRegistry {
+            actor_ref: self.actor_ref.clone(),
+        }
+    }
+}
+
+impl<K: LockKey> fmt::Debug for LockRegistry<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockRegistry")
+            .field("actor_id", &self.actor_ref.id())
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+/// The waiting half of a [`LockRegistry::lock`] call. Dropping it before the grant is received
+/// tells the registry what to undo (see [`grant`](crate::grant) for the cases).
+struct PendingGrant<'a, K: LockKey> {
+    receiver: GrantReceiver,
+    registry: &'a ActorRef<RegistryActor<K>>,
+}
+
+impl<K: LockKey> Drop for PendingGrant<'_, K> {
+    fn drop(&mut self) {
+        // Unbounded mailbox: these sends never wait. They fail only if the registry stopped,
+        // and then nothing is left to undo.
+        match self.receiver.abandon() {
+            Undo::Nothing => {}
+            Undo::Cancel(waiter_id) => {
+                let _ = self.registry.tell(Cancel { waiter_id }).try_send();
+            }
+            Undo::Release(waiter_id) => {
+                let _ = self.registry.tell(Release { waiter_id }).try_send();
+            }
+        }
+    }
+}
+
+/// Builds a [`LockRegistry`] with non-default settings; made by [`LockRegistry::builder`].
+///
+/// It has no settings yet: it is where the coming ones (journal, permits per key, shards) go.
+pub struct RegistryBuilder<K: LockKey> {
+    config: RegistryConfig,
+    key: PhantomData<fn() -> K>,
+}
+
+impl<K: LockKey> RegistryBuilder<K> {
+    /// Spawns the registry actor on the current tokio runtime.
+    ///
+    /// The actor's mailbox is unbounded, so that a guard's drop never waits and never loses
+    /// its release. It runs without supervision and is never restarted (see
+    /// [`RegistryActor`]).
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime, as [`tokio::spawn`] does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let registry = keyed_locks::LockRegistry::<String>::builder().spawn();
+    /// # }
+    /// ```
+    pub fn spawn(self) -> LockRegistry<K> {
+        let actor_ref = RegistryActor::spawn_with_mailbox(self.config, mailbox::unbounded());
+        LockRegistry { actor_ref }
+    }
+}
+
+impl<K: LockKey> fmt::Debug for RegistryBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryBuilder")
+            .field("config", &self.config)
+            .finish()
+    }
+}

@@ -1,0 +1,51 @@
+//! [`RegistryStats`], the registry's counts at one instant.
+
+use kameo::reply::Reply;
+
+use crate::table::TableStats;
+
+/// The registry's counts at one instant, as returned by
+/// [`LockRegistry::stats`](crate::LockRegistry::stats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RegistryStats {
+    /// Entries in the lock map: keys that someone holds or waits for. Zero whenever nobody
+    /// holds or waits: this is the number that must not grow for ever.
+    pub keys: usize,
+    /// Keys currently held.
+    pub held: usize,
+    /// Acquirers queued and not yet granted.
+    pub waiting: usize,
+    /// Grants since the registry started; equal to the last fencing token handed out.
+    pub grants: u64,
+}
+
+impl From<TableStats> for RegistryStats {
+    fn from(stats: TableStats) -> Self {
+        RegistryStats {
+            keys: stats.keys,
+            held: stats.held,
+            waiting: stats.waiting,
+            grants: stats.grants,
+        }
+    }
+}
+
+// What kameo's `#[derive(Reply)]` would write; written out to avoid its proc-macro dependency.
+impl Reply for RegistryStats {
+    type Ok = Self;
+    type Error = kameo::error::Infallible;
+    type Value = Self;
+
+    fn to_result(self) -> Result<Self, kameo::error::Infallible> {
+        Ok(self)
+    }
+
+    fn into_any_err(self) -> Option<Box<dyn kameo::reply::ReplyError>> {
+        None
+    }
+
+    fn into_value(self) -> Self::Value {
+        self
+    }
+}
