@@ -37,6 +37,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     first.await??;
     second.await??;
-    println!("Remaining locks in memory: {}", registry.stats().await?.keys);
+    println!(
+        "Remaining locks in memory: {}",
+        registry.stats().await?.keys
+    );
     Ok(())
 }

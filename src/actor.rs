@@ -191,7 +191,10 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
     ) -> Self::Reply {
         let (delegated, reply) = ctx.reply_sender();
         let Some(reply) = reply else {
-            debug!(?key, "acquire sent with tell has nobody to grant to: ignored");
+            debug!(
+                ?key,
+                "acquire sent with tell has nobody to grant to: ignored"
+            );
             return delegated;
         };
         debug!(?key, "acquire");

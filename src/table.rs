@@ -412,7 +412,10 @@ where
                 RecordState::Holding { fencing_token } => {
                     *holding_of.entry(&record.key).or_default() += 1;
                     if fencing_token == 0 || fencing_token >= self.next_fencing_token {
-                        return broken(8, format!("holder {waiter_id:?} has token {fencing_token}"));
+                        return broken(
+                            8,
+                            format!("holder {waiter_id:?} has token {fencing_token}"),
+                        );
                     }
                 }
                 RecordState::Waiting(_) => *waiting_of.entry(&record.key).or_default() += 1,
@@ -530,10 +533,9 @@ fn grant_next<K, D>(
             continue;
         };
         let fencing_token = next_token(next_fencing_token);
-        let RecordState::Waiting(delivery) = std::mem::replace(
-            &mut record.state,
-            RecordState::Holding { fencing_token },
-        ) else {
+        let RecordState::Waiting(delivery) =
+            std::mem::replace(&mut record.state, RecordState::Holding { fencing_token })
+        else {
             // Invariant 4 says queued live ids are waiting; a holder here would be a bug.
             debug_assert!(false, "invariant 4: a holder in the queue");
             continue;

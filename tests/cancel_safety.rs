@@ -1,0 +1,207 @@
+//! Dropping a waiting `lock`, `try_lock` or `ask(Acquire)` future at any moment leaves no
+//! entry behind and no key stuck.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use keyed_locks::LockRegistry;
+use keyed_locks::messages::Acquire;
+use tokio_test::{assert_pending, task};
+
+#[tokio::test]
+async fn a_queued_waiter_dropped_leaves_the_queue_at_once() {
+    let registry = LockRegistry::spawn();
+    let holder = registry.lock("k").await.unwrap();
+    let mut waiter = task::spawn(registry.lock("k"));
+    assert_pending!(waiter.poll());
+    assert_eq!(registry.stats().await.unwrap().waiting, 1);
+
+    drop(waiter);
+    let stats = registry.stats().await.unwrap();
+    assert_eq!((stats.keys, stats.held, stats.waiting), (1, 1, 0));
+    drop(holder);
+    let stats = registry.stats().await.unwrap();
+    assert_eq!(
+        (stats.keys, stats.grants),
+        (0, 1),
+        "the dropped waiter was never granted"
+    );
+}
+
+#[tokio::test]
+async fn a_request_dropped_before_the_registry_saw_it_touches_nothing() {
+    let registry = LockRegistry::spawn();
+    let holder = registry.lock("k").await.unwrap();
+    let mut waiter = task::spawn(registry.lock("k"));
+    assert_pending!(waiter.poll()); // the request is sent, not yet handled
+    drop(waiter);
+    let stats = registry.stats().await.unwrap();
+    assert_eq!((stats.keys, stats.waiting), (1, 0));
+
+    // Same on a free key: the request is skipped, nothing is granted.
+    drop(holder);
+    let mut on_free_key = task::spawn(registry.lock("free"));
+    assert_pending!(on_free_key.poll());
+    drop(on_free_key);
+    let stats = registry.stats().await.unwrap();
+    assert_eq!((stats.keys, stats.grants), (0, 1));
+}
+
+#[tokio::test]
+async fn a_lock_future_never_polled_sends_nothing() {
+    let registry = LockRegistry::<u8>::spawn();
+    drop(registry.lock(1));
+    drop(registry.try_lock(1));
+    assert_eq!(registry.stats().await.unwrap(), Default::default());
+}
+
+#[tokio::test]
+async fn a_dropped_try_lock_with_its_guard_in_flight_releases() {
+    let registry = LockRegistry::spawn();
+    let mut attempt = task::spawn(registry.try_lock("k"));
+    assert_pending!(attempt.poll());
+    registry.stats().await.unwrap(); // granted; the guard sits in the reply
+    drop(attempt);
+    assert_eq!(registry.stats().await.unwrap().keys, 0);
+    assert!(registry.try_lock("k").await.is_ok());
+}
+
+#[tokio::test]
+async fn a_dropped_ask_acquire_passes_the_key_on_when_its_turn_comes() {
+    let registry = LockRegistry::spawn();
+    let holder = registry.lock(9).await.unwrap();
+    let actor = registry.actor_ref().clone();
+    let mut asking = task::spawn(async move { actor.ask(Acquire { key: 9 }).await });
+    assert_pending!(asking.poll());
+    registry.stats().await.unwrap();
+    drop(asking);
+
+    let mut next = task::spawn(registry.lock(9));
+    assert_pending!(next.poll());
+    drop(holder);
+    // The grant to the vanished asker is dropped unreceived, releases, and `next` gets the key.
+    let guard = next.await.unwrap();
+    assert_eq!(guard.fencing_token(), 3);
+    drop(guard);
+    assert_eq!(registry.stats().await.unwrap().keys, 0);
+}
+
+/// Thousands of `lock` calls under `timeout` over a few keys whose holders sleep: exclusion
+/// never breaks and nothing is left.
+#[tokio::test(start_paused = true)]
+async fn timeout_storm_keeps_exclusion_and_leaves_nothing() {
+    const KEYS: usize = 3;
+    let registry = LockRegistry::spawn();
+    let inside: Arc<Vec<AtomicBool>> =
+        Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
+    let (granted, timed_out) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+
+    let tasks: Vec<_> = (0..3_000u64)
+        .map(|n| {
+            let (registry, inside) = (registry.clone(), inside.clone());
+            let (granted, timed_out) = (granted.clone(), timed_out.clone());
+            tokio::spawn(async move {
+                let key = (n as usize * 7) % KEYS;
+                let patience = Duration::from_millis(1 + n * 13 % 40);
+                match tokio::time::timeout(patience, registry.lock(key)).await {
+                    Ok(guard) => {
+                        let _guard = guard.unwrap();
+                        assert!(!inside[key].swap(true, Ordering::SeqCst), "two holders");
+                        tokio::time::sleep(Duration::from_millis(n % 3)).await;
+                        inside[key].store(false, Ordering::SeqCst);
+                        granted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        timed_out.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let (granted, timed_out) = (
+        granted.load(Ordering::Relaxed),
+        timed_out.load(Ordering::Relaxed),
+    );
+    assert_eq!(granted + timed_out, 3_000);
+    assert!(
+        granted > 0 && timed_out > 0,
+        "{granted} granted, {timed_out} timed out"
+    );
+    let stats = registry.stats().await.unwrap();
+    assert_eq!((stats.keys, stats.held, stats.waiting), (0, 0, 0));
+}
+
+/// The same storm on a multi-thread runtime with real time, where cancellations race with
+/// grants on another thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_storm_across_threads_leaves_nothing() {
+    let registry = LockRegistry::spawn();
+    let tasks: Vec<_> = (0..2_000u64)
+        .map(|n| {
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                let patience = Duration::from_micros(50 + n * 37 % 500);
+                if let Ok(guard) = tokio::time::timeout(patience, registry.lock(n % 4)).await {
+                    let _guard = guard.unwrap();
+                    tokio::time::sleep(Duration::from_micros(100)).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let stats = registry.stats().await.unwrap();
+    assert_eq!((stats.keys, stats.held, stats.waiting), (0, 0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn losing_select_branches_leave_nothing() {
+    let registry = LockRegistry::spawn();
+    let holder = registry.lock("k").await.unwrap();
+    for _ in 0..100 {
+        tokio::select! {
+            biased;
+            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+            _ = registry.lock("k") => panic!("the key is held"),
+        }
+    }
+    assert_eq!(registry.stats().await.unwrap().waiting, 0);
+    drop(holder);
+    assert_eq!(registry.stats().await.unwrap().keys, 0);
+}
+
+/// Tasks aborted at every point of their life: before sending, while queued, with a grant in
+/// flight, and while holding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_tasks_at_any_point_leave_nothing() {
+    let registry = LockRegistry::spawn();
+    for round in 0..200u64 {
+        let tasks: Vec<_> = (0..20u64)
+            .map(|n| {
+                let registry = registry.clone();
+                tokio::spawn(async move {
+                    let _guard = registry.lock((round + n) % 3).await.unwrap();
+                    tokio::task::yield_now().await;
+                })
+            })
+            .collect();
+        for _ in 0..round % 5 {
+            tokio::task::yield_now().await;
+        }
+        for (n, task) in tasks.iter().enumerate() {
+            if n % 2 == round as usize % 2 {
+                task.abort();
+            }
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+    let stats = registry.stats().await.unwrap();
+    assert_eq!((stats.keys, stats.held, stats.waiting), (0, 0, 0));
+}

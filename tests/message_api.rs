@@ -1,0 +1,56 @@
+//! The message-passing API: `ask(Acquire)` yields the guard once granted, in FIFO order with
+//! `lock`; messages sent with `tell` cannot wedge a key or stop the registry.
+
+use keyed_locks::LockRegistry;
+use keyed_locks::messages::{Acquire, GetStats, TryAcquire};
+use tokio_test::{assert_pending, task};
+
+#[tokio::test]
+async fn ask_acquire_yields_the_guard_once_granted() {
+    let registry = LockRegistry::spawn();
+    let actor = registry.actor_ref().clone();
+    let guard = actor.ask(Acquire { key: "k" }).await.unwrap();
+    assert_eq!((*guard.key(), guard.fencing_token()), ("k", 1));
+
+    let mut second = task::spawn(actor.ask(Acquire { key: "k" }).into_future());
+    assert_pending!(second.poll());
+    let mut third = task::spawn(registry.lock("k"));
+    assert_pending!(third.poll());
+    drop(guard);
+    let second = second.await.unwrap();
+    assert_eq!(second.fencing_token(), 2);
+    drop(second);
+    assert_eq!(third.await.unwrap().fencing_token(), 3);
+}
+
+#[tokio::test]
+async fn tell_acquire_and_tell_try_acquire_leave_nothing_and_keep_the_registry_up() {
+    let registry = LockRegistry::spawn();
+    let actor = registry.actor_ref();
+    actor.tell(Acquire { key: 1 }).await.unwrap();
+    actor.tell(TryAcquire { key: 2 }).await.unwrap();
+    let held = registry.lock(3).await.unwrap();
+    actor.tell(TryAcquire { key: 3 }).await.unwrap(); // would block: must not stop the actor
+    let stats = actor.ask(GetStats).await.unwrap();
+    assert_eq!((stats.keys, stats.held), (1, 1));
+    drop(held);
+    assert_eq!(registry.stats().await.unwrap().keys, 0);
+}
+
+#[tokio::test]
+async fn ask_try_acquire_reports_would_block_as_a_handler_error() {
+    let registry = LockRegistry::spawn();
+    let _held = registry.lock(5).await.unwrap();
+    let error = registry
+        .actor_ref()
+        .ask(TryAcquire { key: 5 })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            kameo::error::SendError::HandlerError(keyed_locks::TryLockError::WouldBlock)
+        ),
+        "{error:?}"
+    );
+}
