@@ -88,3 +88,25 @@ async fn the_next_waiter_gets_a_grant_refused_in_flight() {
     drop(guard);
     assert_eq!(registry.stats().await.unwrap().keys, 0);
 }
+
+#[tokio::test]
+async fn a_waiter_giving_up_while_its_grant_is_being_made_passes_the_key_on() {
+    let registry = LockRegistry::spawn();
+    for key in 0..100u32 {
+        let holder = registry.lock(key).await.unwrap();
+        let mut waiter = task::spawn(registry.lock(key));
+        assert_pending!(waiter.poll());
+        registry.stats().await.unwrap(); // queued
+
+        // The release and the waiter's cancel are both in the mailbox, release first: the
+        // registry grants to a waiter that has already given up, and must pass the key on.
+        drop(holder);
+        drop(waiter);
+        let stats = registry.stats().await.unwrap();
+        assert_eq!(
+            (stats.keys, stats.held, stats.waiting),
+            (0, 0, 0),
+            "key {key}"
+        );
+    }
+}

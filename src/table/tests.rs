@@ -1,1 +1,5 @@
 use super::*;
+#[test]
+fn placeholder() {
+    let _t: LockTable<u8, ()> = LockTable::new();
+}
