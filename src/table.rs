@@ -53,8 +53,9 @@ use slotmap::{SlotMap, new_key_type};
 new_key_type! {
     /// Identifies one acquirer, from arrival until release or cancellation.
     ///
-    /// Ids carry a generation: an id whose record was removed is never valid again, even when
-    /// its slot is reused, so a late release or cancel can never touch a newer acquirer.
+    /// Ids carry a generation: an id whose record was removed is not valid again when its slot
+    /// is reused (until the slot's 32-bit generation wraps, after 2^31 reuses of that one slot),
+    /// so a late release or cancel cannot touch a newer acquirer.
     pub struct WaiterId;
 }
 
@@ -301,6 +302,8 @@ where
             self.held_keys += 1;
             granted.push(grant);
         }
+        // Granting shortens the queue by one but lowers the bound of invariant 6 by two.
+        compact_queue(entry, &self.records);
         self.remove_if_unused(&record.key);
         Ok(record.key)
     }
@@ -335,11 +338,7 @@ where
         self.waiting -= 1;
         if let Some(entry) = self.entries.get_mut(&key) {
             entry.waiters -= 1;
-            // Invariant 6: compact once tombstones outnumber live waiters by the slack.
-            if entry.queue.len() > 2 * entry.waiters as usize + TOMBSTONE_SLACK {
-                let records = &self.records;
-                entry.queue.retain(|id| records.contains_key(*id));
-            }
+            compact_queue(entry, &self.records);
         } else {
             debug_assert!(false, "invariant 1: waiter without entry");
         }
@@ -517,6 +516,14 @@ fn hold_new_entry<K: Clone, D>(
         waiters: 0,
     });
     (waiter_id, fencing_token)
+}
+
+/// Drops the tombstones from `entry`'s queue once they outnumber its live waiters by more
+/// than the slack (invariant 6). Amortized O(1) per cancel or grant.
+fn compact_queue<K, D>(entry: &mut Entry, records: &SlotMap<WaiterId, Record<K, D>>) {
+    if entry.queue.len() > 2 * entry.waiters as usize + TOMBSTONE_SLACK {
+        entry.queue.retain(|id| records.contains_key(*id));
+    }
 }
 
 /// Grants a free `entry` to its first live waiter, dropping tombstones on the way.

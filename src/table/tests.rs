@@ -1,5 +1,1034 @@
 use super::*;
+
+use std::collections::HashSet;
+
+use proptest::prelude::*;
+use proptest::sample::Index;
+use slotmap::Key as _;
+
+/// Keys and deliveries are labels, so a failing assertion names the waiter it is about.
+type Table = LockTable<&'static str, &'static str>;
+
+/// Checks every invariant; called after every step of every test.
+#[track_caller]
+fn step<K, D>(table: &LockTable<K, D>)
+where
+    K: Hash + Eq + Clone,
+{
+    if let Err(violation) = table.check_invariants() {
+        panic!("{violation}");
+    }
+}
+
+#[track_caller]
+fn granted<D: fmt::Debug>(acquired: Acquired<D>) -> Grant<D> {
+    match acquired {
+        Acquired::Granted(grant) => grant,
+        Acquired::Queued(waiter_id) => panic!("expected a grant, {waiter_id:?} was queued"),
+    }
+}
+
+#[track_caller]
+fn queued<D: fmt::Debug>(acquired: Acquired<D>) -> WaiterId {
+    match acquired {
+        Acquired::Queued(waiter_id) => waiter_id,
+        Acquired::Granted(grant) => panic!("expected to be queued, got {grant:?}"),
+    }
+}
+
+/// The slot index of an id, without its generation.
+fn slot_index(waiter_id: WaiterId) -> u32 {
+    // `as_ffi` packs the generation in the high 32 bits and the index in the low 32.
+    waiter_id.data().as_ffi() as u32
+}
+
+/// A table where `key` is held (delivery "holder") and `labels` queue behind it in order.
+fn held_with_waiters(
+    key: &'static str,
+    labels: &[&'static str],
+) -> (Table, WaiterId, Vec<WaiterId>) {
+    let mut table = Table::new();
+    let holder = granted(table.acquire(key, "holder")).waiter_id;
+    step(&table);
+    let mut waiters = Vec::new();
+    for label in labels {
+        waiters.push(queued(table.acquire(key, label)));
+        step(&table);
+    }
+    (table, holder, waiters)
+}
+
+// Mutual exclusion (invariant 3).
+
 #[test]
-fn placeholder() {
-    let _t: LockTable<u8, ()> = LockTable::new();
+fn second_acquire_of_held_key_is_queued() {
+    let mut table = Table::new();
+    let first = granted(table.acquire("a", "first"));
+    step(&table);
+    assert_eq!(first.delivery, "first");
+    let second = queued(table.acquire("a", "second"));
+    step(&table);
+    assert_ne!(second, first.waiter_id);
+    assert_eq!(table.delivery_of(second), Some(&"second"));
+    let stats = table.stats();
+    assert_eq!((stats.keys, stats.held, stats.waiting), (1, 1, 1));
+}
+
+#[test]
+fn distinct_keys_are_granted_independently() {
+    let mut table = Table::new();
+    let a = granted(table.acquire("a", "a"));
+    step(&table);
+    let b = granted(table.acquire("b", "b"));
+    step(&table);
+    let c = table.try_acquire("c").unwrap();
+    step(&table);
+    assert_eq!(table.key_of(a.waiter_id), Some(&"a"));
+    assert_eq!(table.key_of(b.waiter_id), Some(&"b"));
+    assert_eq!(table.key_of(c.waiter_id), Some(&"c"));
+    let stats = table.stats();
+    assert_eq!((stats.keys, stats.held, stats.waiting), (3, 3, 0));
+
+    // Releasing one key grants nothing and leaves the others held.
+    let mut grants = Vec::new();
+    assert_eq!(table.release(b.waiter_id, &mut grants), Ok("b"));
+    step(&table);
+    assert!(grants.is_empty());
+    assert!(!table.contains_key(&"b"));
+    assert!(table.contains_key(&"a") && table.contains_key(&"c"));
+    assert_eq!(table.try_acquire("a"), Err(WouldBlock));
+    step(&table);
+}
+
+// Fairness: strict FIFO per key.
+
+#[test]
+fn waiters_are_granted_in_arrival_order() {
+    let labels = ["w1", "w2", "w3", "w4", "w5"];
+    let (mut table, holder, waiters) = held_with_waiters("a", &labels);
+    let mut grants = Vec::new();
+    let mut releasing = holder;
+    for (turn, (&label, &waiter_id)) in labels.iter().zip(&waiters).enumerate() {
+        assert_eq!(table.release(releasing, &mut grants), Ok("a"));
+        step(&table);
+        assert_eq!(grants.len(), turn + 1, "one grant per release");
+        let grant = &grants[turn];
+        assert_eq!((grant.waiter_id, grant.delivery), (waiter_id, label));
+        assert_eq!(table.stats().waiting, labels.len() - turn - 1);
+        releasing = grant.waiter_id;
+    }
+    let delivered: Vec<_> = grants.iter().map(|grant| grant.delivery).collect();
+    assert_eq!(delivered, labels);
+    let granted_ids: Vec<_> = grants.iter().map(|grant| grant.waiter_id).collect();
+    assert_eq!(granted_ids, waiters);
+
+    assert_eq!(table.release(releasing, &mut grants), Ok("a"));
+    step(&table);
+    assert_eq!(
+        grants.len(),
+        labels.len(),
+        "the last release grants nothing"
+    );
+    assert_eq!(table.stats().keys, 0);
+}
+
+#[test]
+fn acquirer_arriving_after_release_never_overtakes_queued_waiters() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["early1", "early2"]);
+    let mut grants = Vec::new();
+    table.release(holder, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants[0].waiter_id, waiters[0]);
+
+    // The instant after a release the key already belongs to the next waiter.
+    assert_eq!(table.try_acquire("a"), Err(WouldBlock));
+    step(&table);
+    let late = queued(table.acquire("a", "late"));
+    step(&table);
+
+    table.release(waiters[0], &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants[1].waiter_id, waiters[1], "early2 before late");
+    table.release(waiters[1], &mut grants).unwrap();
+    step(&table);
+    assert_eq!((grants[2].waiter_id, grants[2].delivery), (late, "late"));
+    table.release(late, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants.len(), 3);
+    assert!(!table.contains_key(&"a"));
+}
+
+// No leak (invariant 1): an entry lives exactly as long as a holder or waiter refers to it.
+
+#[test]
+fn entry_is_removed_when_last_holder_releases() {
+    let mut table = Table::new();
+    let holder = granted(table.acquire("a", "holder")).waiter_id;
+    step(&table);
+    assert!(table.contains_key(&"a"));
+    table.release(holder, &mut Vec::new()).unwrap();
+    step(&table);
+    assert!(!table.contains_key(&"a"));
+    assert_eq!(table.stats().keys, 0);
+}
+
+#[test]
+fn entry_stays_until_last_holder_or_waiter_goes() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["w1", "w2", "w3"]);
+    let mut grants = Vec::new();
+
+    table.cancel(waiters[1]).unwrap();
+    step(&table);
+    assert!(table.contains_key(&"a"), "held and w1, w3 waiting");
+    table.release(holder, &mut grants).unwrap();
+    step(&table);
+    assert!(table.contains_key(&"a"), "w1 holds, w3 waiting");
+    table.cancel(waiters[2]).unwrap();
+    step(&table);
+    assert!(table.contains_key(&"a"), "w1 holds");
+    table.release(waiters[0], &mut grants).unwrap();
+    step(&table);
+    assert!(!table.contains_key(&"a"));
+    assert_eq!(table.stats().keys, 0);
+    assert_eq!(grants.len(), 1, "only w1 was ever granted");
+}
+
+#[test]
+fn mix_of_acquire_try_acquire_release_and_cancel_leaves_no_entry() {
+    let mut table = Table::new();
+    let mut grants = Vec::new();
+    let a_holder = table.try_acquire("a").unwrap().waiter_id;
+    step(&table);
+    let a_waiter = queued(table.acquire("a", "a waiter"));
+    step(&table);
+    let b_holder = granted(table.acquire("b", "b holder")).waiter_id;
+    step(&table);
+    let b_waiter = queued(table.acquire("b", "b waiter"));
+    step(&table);
+    let c_holder = table.try_acquire("c").unwrap().waiter_id;
+    step(&table);
+    assert_eq!(table.stats().keys, 3);
+
+    table.cancel(b_waiter).unwrap();
+    step(&table);
+    table.release(a_holder, &mut grants).unwrap();
+    step(&table);
+    table.release(c_holder, &mut grants).unwrap();
+    step(&table);
+    assert!(!table.contains_key(&"c"));
+    table.release(b_holder, &mut grants).unwrap();
+    step(&table);
+    assert!(!table.contains_key(&"b"), "the only b waiter was cancelled");
+    assert_eq!(grants.len(), 1);
+    table.release(a_waiter, &mut grants).unwrap();
+    step(&table);
+
+    let stats = table.stats();
+    assert_eq!((stats.keys, stats.held, stats.waiting), (0, 0, 0));
+    for key in ["a", "b", "c"] {
+        assert!(!table.contains_key(&key));
+    }
+}
+
+// Cancel.
+
+#[test]
+fn cancelled_waiter_returns_its_key_and_delivery_and_grants_nothing() {
+    let (mut table, _holder, waiters) = held_with_waiters("a", &["w1"]);
+    let before = table.stats();
+    assert_eq!(table.cancel(waiters[0]), Ok(("a", "w1")));
+    step(&table);
+    let after = table.stats();
+    assert_eq!(after.grants, before.grants, "cancel grants nothing");
+    assert_eq!((after.keys, after.held, after.waiting), (1, 1, 0));
+    assert!(table.contains_key(&"a"), "the holder still holds");
+    assert_eq!(table.key_of(waiters[0]), None);
+}
+
+#[test]
+fn cancelled_waiter_leaves_no_entry_once_holder_releases() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["w1"]);
+    table.cancel(waiters[0]).unwrap();
+    step(&table);
+    assert!(table.contains_key(&"a"));
+    let mut grants = Vec::new();
+    assert_eq!(table.release(holder, &mut grants), Ok("a"));
+    step(&table);
+    assert!(
+        grants.is_empty(),
+        "the cancelled waiter is a tombstone, not a holder"
+    );
+    assert!(!table.contains_key(&"a"));
+    assert_eq!(table.stats().keys, 0);
+}
+
+#[test]
+fn cancelled_waiter_is_never_granted() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["w1", "w2", "w3"]);
+    table.cancel(waiters[1]).unwrap();
+    step(&table);
+    let mut grants = Vec::new();
+    table.release(holder, &mut grants).unwrap();
+    step(&table);
+    table.release(waiters[0], &mut grants).unwrap();
+    step(&table);
+    table.release(waiters[2], &mut grants).unwrap();
+    step(&table);
+    let granted_ids: Vec<_> = grants.iter().map(|grant| grant.waiter_id).collect();
+    assert_eq!(granted_ids, [waiters[0], waiters[2]]);
+    assert_eq!(table.stats().keys, 0);
+}
+
+#[test]
+fn cancelling_head_waiter_then_release_grants_second_waiter() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["w1", "w2"]);
+    table.cancel(waiters[0]).unwrap();
+    step(&table);
+    let mut grants = Vec::new();
+    table.release(holder, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants.len(), 1);
+    assert_eq!(
+        (grants[0].waiter_id, grants[0].delivery),
+        (waiters[1], "w2")
+    );
+    assert_eq!(table.key_of(waiters[1]), Some(&"a"));
+    assert_eq!(table.stats().waiting, 0);
+}
+
+#[test]
+fn cancel_of_granted_waiter_is_not_waiting() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["w1"]);
+    table.release(holder, &mut Vec::new()).unwrap();
+    step(&table);
+    let before = table.stats();
+    assert_eq!(
+        table.cancel(waiters[0]),
+        Err(WaiterError::NotWaiting(waiters[0]))
+    );
+    step(&table);
+    assert_eq!(table.stats(), before);
+    assert_eq!(table.release(waiters[0], &mut Vec::new()), Ok("a"));
+    step(&table);
+}
+
+// Refusals leave the table unchanged.
+
+#[test]
+fn release_and_cancel_of_unknown_ids_are_refused_and_change_nothing() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["w1", "w2", "w3"]);
+    let mut grants = Vec::new();
+    // A released holder, a cancelled waiter and an id never issued.
+    let released = table.try_acquire("b").unwrap().waiter_id;
+    step(&table);
+    table.release(released, &mut grants).unwrap();
+    step(&table);
+    let cancelled = waiters[1];
+    table.cancel(cancelled).unwrap();
+    step(&table);
+    let never_issued = WaiterId::default();
+
+    let before = table.stats();
+    for unknown in [released, cancelled, never_issued] {
+        assert_eq!(
+            table.release(unknown, &mut grants),
+            Err(WaiterError::Unknown(unknown))
+        );
+        step(&table);
+        assert_eq!(table.cancel(unknown), Err(WaiterError::Unknown(unknown)));
+        step(&table);
+        assert_eq!(table.key_of(unknown), None);
+        assert_eq!(table.delivery_of(unknown), None);
+        assert_eq!(table.stats(), before);
+    }
+    assert!(grants.is_empty());
+
+    // The live waiters are untouched: the queue still runs w1 then w3.
+    table.release(holder, &mut grants).unwrap();
+    step(&table);
+    table.release(waiters[0], &mut grants).unwrap();
+    step(&table);
+    let granted_ids: Vec<_> = grants.iter().map(|grant| grant.waiter_id).collect();
+    assert_eq!(granted_ids, [waiters[0], waiters[2]]);
+}
+
+#[test]
+fn release_of_queued_waiter_is_not_holding_and_changes_nothing() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["w1"]);
+    let before = table.stats();
+    let mut grants = Vec::new();
+    assert_eq!(
+        table.release(waiters[0], &mut grants),
+        Err(WaiterError::NotHolding(waiters[0]))
+    );
+    step(&table);
+    assert_eq!(table.stats(), before);
+    assert!(grants.is_empty());
+    assert_eq!(table.delivery_of(waiters[0]), Some(&"w1"));
+    table.release(holder, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants[0].waiter_id, waiters[0]);
+}
+
+#[test]
+fn cancel_of_holder_is_not_waiting_and_changes_nothing() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["w1"]);
+    let before = table.stats();
+    assert_eq!(table.cancel(holder), Err(WaiterError::NotWaiting(holder)));
+    step(&table);
+    assert_eq!(table.stats(), before);
+    assert_eq!(table.key_of(holder), Some(&"a"));
+    let mut grants = Vec::new();
+    table.release(holder, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants[0].waiter_id, waiters[0]);
+}
+
+#[test]
+fn stale_id_never_aliases_the_acquirer_that_reuses_its_slot() {
+    let mut table = Table::new();
+    let mut grants = Vec::new();
+    let stale = granted(table.acquire("a", "stale")).waiter_id;
+    step(&table);
+    table.release(stale, &mut grants).unwrap();
+    step(&table);
+    let fresh = granted(table.acquire("b", "fresh"));
+    step(&table);
+    assert_eq!(
+        slot_index(fresh.waiter_id),
+        slot_index(stale),
+        "this test needs the slot to be reused"
+    );
+    assert_ne!(fresh.waiter_id, stale);
+
+    let before = table.stats();
+    assert_eq!(
+        table.release(stale, &mut grants),
+        Err(WaiterError::Unknown(stale))
+    );
+    step(&table);
+    assert_eq!(table.cancel(stale), Err(WaiterError::Unknown(stale)));
+    step(&table);
+    assert_eq!(table.key_of(stale), None);
+    assert_eq!(table.stats(), before);
+    assert!(table.contains_key(&"b"), "the fresh acquirer still holds");
+    assert_eq!(table.key_of(fresh.waiter_id), Some(&"b"));
+    assert_eq!(table.release(fresh.waiter_id, &mut grants), Ok("b"));
+    step(&table);
+    assert!(grants.is_empty());
+}
+
+#[test]
+fn tombstone_whose_slot_is_reused_is_skipped() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["cancelled"]);
+    table.cancel(waiters[0]).unwrap();
+    step(&table);
+    // The next waiter on the same key reuses the cancelled waiter's slot, behind its tombstone.
+    let reuser = queued(table.acquire("a", "reuser"));
+    step(&table);
+    assert_eq!(
+        slot_index(reuser),
+        slot_index(waiters[0]),
+        "this test needs the slot to be reused"
+    );
+
+    let mut grants = Vec::new();
+    table.release(holder, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants.len(), 1);
+    assert_eq!(
+        (grants[0].waiter_id, grants[0].delivery),
+        (reuser, "reuser")
+    );
+    table.release(reuser, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(
+        grants.len(),
+        1,
+        "the reuser is granted once, not again for its tombstone"
+    );
+    assert_eq!(table.stats().keys, 0);
+}
+
+// Fencing (invariant 8).
+
+#[test]
+fn fencing_tokens_increase_by_one_across_keys_and_grant_paths() {
+    let mut table = Table::new();
+    let mut grants = Vec::new();
+    let mut tokens = Vec::new();
+    assert_eq!(table.stats().grants, 0);
+
+    let a = table.try_acquire("a").unwrap();
+    step(&table);
+    tokens.push(a.fencing_token);
+    let b = granted(table.acquire("b", "b"));
+    step(&table);
+    tokens.push(b.fencing_token);
+    let a_waiter = queued(table.acquire("a", "a waiter"));
+    step(&table);
+    let c = granted(table.acquire("c", "c"));
+    step(&table);
+    tokens.push(c.fencing_token);
+    table.release(a.waiter_id, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants[0].waiter_id, a_waiter);
+    tokens.push(grants[0].fencing_token);
+    let d = table.try_acquire("d").unwrap();
+    step(&table);
+    tokens.push(d.fencing_token);
+    table.release(b.waiter_id, &mut grants).unwrap();
+    step(&table);
+    let b_again = granted(table.acquire("b", "b again"));
+    step(&table);
+    tokens.push(b_again.fencing_token);
+
+    assert_eq!(tokens, [1, 2, 3, 4, 5, 6]);
+    assert_eq!(table.stats().grants, 6, "grants is the last token");
+}
+
+#[test]
+fn refused_calls_consume_no_fencing_token() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["w1"]);
+    assert_eq!(table.try_acquire("a"), Err(WouldBlock));
+    step(&table);
+    assert_eq!(table.cancel(holder), Err(WaiterError::NotWaiting(holder)));
+    step(&table);
+    table.cancel(waiters[0]).unwrap();
+    step(&table);
+    assert_eq!(table.stats().grants, 1);
+    table.release(holder, &mut Vec::new()).unwrap();
+    step(&table);
+    assert_eq!(table.try_acquire("a").unwrap().fencing_token, 2);
+    step(&table);
+}
+
+// try_acquire.
+
+#[test]
+fn try_acquire_of_free_key_is_granted_and_release_leaves_no_entry() {
+    let mut table = Table::new();
+    let grant = table.try_acquire("a").unwrap();
+    step(&table);
+    assert_eq!(grant.fencing_token, 1);
+    assert_eq!(table.key_of(grant.waiter_id), Some(&"a"));
+    assert_eq!(
+        table.delivery_of(grant.waiter_id),
+        None,
+        "a holder has no pending delivery"
+    );
+    let stats = table.stats();
+    assert_eq!((stats.keys, stats.held, stats.waiting), (1, 1, 0));
+    let mut grants = Vec::new();
+    assert_eq!(table.release(grant.waiter_id, &mut grants), Ok("a"));
+    step(&table);
+    assert!(grants.is_empty());
+    assert_eq!(table.stats().keys, 0);
+    assert!(!table.contains_key(&"a"));
+}
+
+#[test]
+fn try_acquire_of_held_key_would_block_and_changes_nothing() {
+    let mut table = Table::new();
+    let holder = granted(table.acquire("a", "holder")).waiter_id;
+    step(&table);
+    let before = table.stats();
+    assert_eq!(table.try_acquire("a"), Err(WouldBlock));
+    step(&table);
+    assert_eq!(table.stats(), before);
+    // Nothing was queued: releasing the holder grants nothing and frees the key.
+    let mut grants = Vec::new();
+    table.release(holder, &mut grants).unwrap();
+    step(&table);
+    assert!(grants.is_empty());
+    assert_eq!(table.stats().keys, 0);
+}
+
+#[test]
+fn try_acquire_of_key_with_waiters_would_block_and_changes_nothing() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["w1", "w2"]);
+    let before = table.stats();
+    assert_eq!(table.try_acquire("a"), Err(WouldBlock));
+    step(&table);
+    assert_eq!(table.stats(), before);
+    let mut grants = Vec::new();
+    table.release(holder, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(
+        table.try_acquire("a"),
+        Err(WouldBlock),
+        "w1 holds, w2 waits"
+    );
+    step(&table);
+    assert_eq!(grants[0].waiter_id, waiters[0]);
+}
+
+// Bounded tombstones (invariant 6).
+
+#[test]
+fn queue_stays_bounded_while_ten_thousand_waiters_time_out_on_a_held_key() {
+    // A timeout storm: waiters keep arriving on a key held throughout, and each times out
+    // (cancels) while up to `LIVE` others wait, in an order that leaves tombstones everywhere
+    // in the queue, not only at its front.
+    const WAITERS: usize = 10_000;
+    const LIVE: usize = 64;
+    let mut table: LockTable<&str, usize> = LockTable::new();
+    let holder = granted(table.acquire("a", usize::MAX)).waiter_id;
+    step(&table);
+    let mut live: Vec<(WaiterId, usize)> = Vec::with_capacity(LIVE + 1);
+    let mut pick: usize = 1;
+    let mut longest_queue = 0;
+    let mut cancel_one = |table: &mut LockTable<&str, usize>, live: &mut Vec<(WaiterId, usize)>| {
+        // A fixed pseudo-random sequence (LCG), so the run is the same every time.
+        pick = pick.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let (waiter_id, label) = live.swap_remove((pick >> 33) % live.len());
+        assert_eq!(table.cancel(waiter_id), Ok(("a", label)));
+        // Invariant 6 bounds the queue by the waiters left after every single cancel.
+        step(table);
+        longest_queue = longest_queue.max(table.entries[&"a"].queue.len());
+    };
+    for label in 0..WAITERS {
+        live.push((queued(table.acquire("a", label)), label));
+        step(&table);
+        if live.len() > LIVE {
+            cancel_one(&mut table, &mut live);
+        }
+    }
+    while !live.is_empty() {
+        cancel_one(&mut table, &mut live);
+    }
+    assert!(
+        longest_queue <= 2 * (LIVE + 1) + TOMBSTONE_SLACK,
+        "queue grew to {longest_queue} for at most {} waiters",
+        LIVE + 1
+    );
+    let queue_len = table.entries[&"a"].queue.len();
+    assert!(
+        queue_len <= TOMBSTONE_SLACK,
+        "{queue_len} tombstones left for no waiter"
+    );
+    assert_eq!(table.stats().waiting, 0);
+    assert_eq!(table.stats().grants, 1, "no cancel granted anything");
+
+    let mut grants = Vec::new();
+    table.release(holder, &mut grants).unwrap();
+    step(&table);
+    assert!(grants.is_empty());
+    assert!(!table.contains_key(&"a"));
+    assert_eq!(table.stats().keys, 0);
+}
+
+#[test]
+fn long_queue_is_compacted_as_its_waiters_cancel_one_by_one() {
+    // All waiters queue first, then cancel newest first. 2,000 rather than more because every
+    // step's check is O(queue), which makes this test quadratic.
+    const WAITERS: usize = 2_000;
+    let mut table: LockTable<&str, usize> = LockTable::new();
+    let holder = granted(table.acquire("a", usize::MAX)).waiter_id;
+    step(&table);
+    let mut waiters = Vec::with_capacity(WAITERS);
+    for label in 0..WAITERS {
+        waiters.push(queued(table.acquire("a", label)));
+        step(&table);
+    }
+    for (label, &waiter_id) in waiters.iter().enumerate().rev() {
+        assert_eq!(table.cancel(waiter_id), Ok(("a", label)));
+        step(&table);
+    }
+    let queue_len = table.entries[&"a"].queue.len();
+    assert!(
+        queue_len <= TOMBSTONE_SLACK,
+        "{queue_len} tombstones left for no waiter"
+    );
+
+    let mut grants = Vec::new();
+    table.release(holder, &mut grants).unwrap();
+    step(&table);
+    assert!(grants.is_empty());
+    assert!(!table.contains_key(&"a"));
+}
+
+/// Granting the head waiter lowers the bound of invariant 6 (`2 * waiters + TOMBSTONE_SLACK`)
+/// by 2 but shortens the queue by only 1, so `release` must compact too. Here the queue sits
+/// exactly at its bound (1 waiter, 17 tombstones behind it) when the holder releases.
+#[test]
+fn queue_stays_bounded_when_waiter_ahead_of_tombstones_is_granted() {
+    let mut table: LockTable<&str, usize> = LockTable::new();
+    let holder = granted(table.acquire("a", 0)).waiter_id;
+    step(&table);
+    let head = queued(table.acquire("a", 1));
+    step(&table);
+    // 1 live waiter + TOMBSTONE_SLACK + 1 tombstones: exactly 2 * 1 + TOMBSTONE_SLACK, allowed.
+    let mut behind = Vec::new();
+    for label in 0..=TOMBSTONE_SLACK {
+        behind.push(queued(table.acquire("a", 2 + label)));
+        step(&table);
+    }
+    for waiter_id in behind {
+        table.cancel(waiter_id).unwrap();
+        step(&table);
+    }
+    let mut grants = Vec::new();
+    table.release(holder, &mut grants).unwrap();
+    assert_eq!(grants[0].waiter_id, head);
+    // The queue now holds TOMBSTONE_SLACK + 1 tombstones for 0 waiters.
+    step(&table);
+}
+
+// Shutdown.
+
+#[test]
+fn shutdown_returns_every_waiter_delivery_once_and_empties_table() {
+    let mut table = Table::new();
+    let mut grants = Vec::new();
+    let a_holder = granted(table.acquire("a", "a holder")).waiter_id;
+    step(&table);
+    let b_holder = table.try_acquire("b").unwrap().waiter_id;
+    step(&table);
+    let mut waiters = Vec::new();
+    for (key, label) in [("a", "a1"), ("a", "a2"), ("b", "b1")] {
+        waiters.push((queued(table.acquire(key, label)), label));
+        step(&table);
+    }
+    let cancelled = queued(table.acquire("b", "cancelled"));
+    step(&table);
+    table.cancel(cancelled).unwrap();
+    step(&table);
+    let grants_before = table.stats().grants;
+
+    let mut returned = table.shutdown();
+    step(&table);
+    returned.sort_by_key(|&(_, delivery)| delivery);
+    waiters.sort_by_key(|&(_, delivery)| delivery);
+    assert_eq!(
+        returned, waiters,
+        "each waiter once, the cancelled one not at all"
+    );
+    assert_eq!(
+        table.stats(),
+        TableStats {
+            keys: 0,
+            held: 0,
+            waiting: 0,
+            grants: grants_before
+        }
+    );
+    assert!(!table.contains_key(&"a") && !table.contains_key(&"b"));
+    assert!(table.shutdown().is_empty(), "nothing is returned twice");
+    step(&table);
+
+    let before = table.stats();
+    for holder in [a_holder, b_holder] {
+        assert_eq!(
+            table.release(holder, &mut grants),
+            Err(WaiterError::Unknown(holder))
+        );
+        step(&table);
+    }
+    for (waiter_id, _) in &waiters {
+        assert_eq!(
+            table.cancel(*waiter_id),
+            Err(WaiterError::Unknown(*waiter_id))
+        );
+        step(&table);
+        assert_eq!(table.key_of(*waiter_id), None);
+    }
+    assert_eq!(table.stats(), before);
+    assert!(grants.is_empty());
+}
+
+#[test]
+fn fencing_tokens_keep_increasing_after_shutdown() {
+    let mut table = Table::new();
+    let old = granted(table.acquire("a", "old"));
+    step(&table);
+    let old_waiter = queued(table.acquire("a", "old waiter"));
+    step(&table);
+    table.shutdown();
+    step(&table);
+    let new = granted(table.acquire("a", "new"));
+    step(&table);
+    assert_eq!((old.fencing_token, new.fencing_token), (1, 2));
+    let newer = table.try_acquire("b").unwrap();
+    step(&table);
+    assert_eq!(newer.fencing_token, 3);
+    assert_eq!(table.stats().grants, 3);
+
+    // Old ids from before the shutdown touch nothing, even once their slots are reused.
+    let mut grants = Vec::new();
+    assert_eq!(
+        table.release(old.waiter_id, &mut grants),
+        Err(WaiterError::Unknown(old.waiter_id))
+    );
+    step(&table);
+    assert_eq!(
+        table.cancel(old_waiter),
+        Err(WaiterError::Unknown(old_waiter))
+    );
+    step(&table);
+    assert_eq!(table.key_of(new.waiter_id), Some(&"a"));
+    assert_eq!(table.key_of(newer.waiter_id), Some(&"b"));
+}
+
+// Accessors.
+
+#[test]
+fn key_of_and_delivery_of_follow_a_waiter_through_its_life() {
+    let (mut table, holder, waiters) = held_with_waiters("a", &["w1", "w2"]);
+    assert_eq!(table.key_of(holder), Some(&"a"));
+    assert_eq!(
+        table.delivery_of(holder),
+        None,
+        "a holder's delivery was handed back"
+    );
+    assert_eq!(table.key_of(waiters[0]), Some(&"a"));
+    assert_eq!(table.delivery_of(waiters[0]), Some(&"w1"));
+    assert_eq!(table.delivery_of(waiters[1]), Some(&"w2"));
+
+    table.release(holder, &mut Vec::new()).unwrap();
+    step(&table);
+    assert_eq!(table.key_of(holder), None);
+    assert_eq!(table.delivery_of(holder), None);
+    assert_eq!(table.key_of(waiters[0]), Some(&"a"), "granted: still known");
+    assert_eq!(
+        table.delivery_of(waiters[0]),
+        None,
+        "granted: delivery handed back"
+    );
+
+    table.cancel(waiters[1]).unwrap();
+    step(&table);
+    assert_eq!(table.key_of(waiters[1]), None);
+    assert_eq!(table.delivery_of(waiters[1]), None);
+}
+
+// Scale.
+
+#[test]
+fn fifty_thousand_held_keys_all_released_leave_no_entry() {
+    const KEYS: u32 = 50_000;
+    let mut table: LockTable<u32, ()> = LockTable::new();
+    let holders: Vec<_> = (0..KEYS)
+        .map(|key| {
+            if key % 2 == 0 {
+                granted(table.acquire(key, ())).waiter_id
+            } else {
+                table.try_acquire(key).unwrap().waiter_id
+            }
+        })
+        .collect();
+    // check_invariants is O(keys): checked at the ends only.
+    step(&table);
+    let stats = table.stats();
+    assert_eq!(
+        (stats.keys, stats.held, stats.grants),
+        (50_000, 50_000, 50_000)
+    );
+    let mut grants = Vec::new();
+    for (key, holder) in (0..KEYS).zip(holders) {
+        assert_eq!(table.release(holder, &mut grants), Ok(key));
+    }
+    step(&table);
+    assert!(grants.is_empty());
+    let stats = table.stats();
+    assert_eq!((stats.keys, stats.held, stats.waiting), (0, 0, 0));
+}
+
+// The table against a naive model, on random scripts.
+
+const MODEL_KEYS: u8 = 3;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Acquire(u8),
+    TryAcquire(u8),
+    /// Releases the n-th live holder, counted over keys in order.
+    Release(Index),
+    /// Cancels the n-th live waiter, counted over keys then queue order.
+    Cancel(Index),
+    /// Releases and cancels an id that was released or cancelled before.
+    Retired(Index),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..MODEL_KEYS).prop_map(Op::Acquire),
+        1 => (0..MODEL_KEYS).prop_map(Op::TryAcquire),
+        3 => any::<Index>().prop_map(Op::Release),
+        2 => any::<Index>().prop_map(Op::Cancel),
+        1 => any::<Index>().prop_map(Op::Retired),
+    ]
+}
+
+/// One key as the rules describe it: at most one holder, then waiters in arrival order.
+#[derive(Debug, Default)]
+struct ModelKey {
+    holder: Option<WaiterId>,
+    waiters: VecDeque<(WaiterId, u32)>,
+}
+
+#[derive(Debug, Default)]
+struct Model {
+    keys: [ModelKey; MODEL_KEYS as usize],
+    last_token: u64,
+    ever_issued: HashSet<WaiterId>,
+    retired: Vec<WaiterId>,
+}
+
+impl Model {
+    fn issue(&mut self, waiter_id: WaiterId) {
+        assert!(
+            self.ever_issued.insert(waiter_id),
+            "id {waiter_id:?} issued twice"
+        );
+    }
+
+    fn next_token(&mut self) -> u64 {
+        self.last_token += 1;
+        self.last_token
+    }
+
+    fn stats(&self) -> TableStats {
+        let live = |key: &&ModelKey| key.holder.is_some() || !key.waiters.is_empty();
+        TableStats {
+            keys: self.keys.iter().filter(live).count(),
+            held: self.keys.iter().filter(|key| key.holder.is_some()).count(),
+            waiting: self.keys.iter().map(|key| key.waiters.len()).sum(),
+            grants: self.last_token,
+        }
+    }
+}
+
+/// Applies `op` to both the table and the model and checks they agree.
+fn apply(table: &mut LockTable<u8, u32>, model: &mut Model, op: Op, label: u32) {
+    match op {
+        Op::Acquire(key) => {
+            let model_key = &model.keys[usize::from(key)];
+            let free = model_key.holder.is_none() && model_key.waiters.is_empty();
+            match table.acquire(key, label) {
+                Acquired::Granted(grant) => {
+                    assert!(free, "granted a key the model has held or contended");
+                    model.issue(grant.waiter_id);
+                    assert_eq!(grant.fencing_token, model.next_token());
+                    assert_eq!(grant.delivery, label);
+                    model.keys[usize::from(key)].holder = Some(grant.waiter_id);
+                }
+                Acquired::Queued(waiter_id) => {
+                    assert!(!free, "queued on a key the model has free");
+                    model.issue(waiter_id);
+                    model.keys[usize::from(key)]
+                        .waiters
+                        .push_back((waiter_id, label));
+                }
+            }
+        }
+        Op::TryAcquire(key) => {
+            let model_key = &model.keys[usize::from(key)];
+            let free = model_key.holder.is_none() && model_key.waiters.is_empty();
+            match table.try_acquire(key) {
+                Ok(grant) => {
+                    assert!(free, "try_acquire took a held key");
+                    model.issue(grant.waiter_id);
+                    assert_eq!(grant.fencing_token, model.next_token());
+                    model.keys[usize::from(key)].holder = Some(grant.waiter_id);
+                }
+                Err(WouldBlock) => assert!(!free, "try_acquire refused a free key"),
+            }
+        }
+        Op::Release(index) => {
+            let holders: Vec<(u8, WaiterId)> = (0..MODEL_KEYS)
+                .filter_map(|key| Some((key, model.keys[usize::from(key)].holder?)))
+                .collect();
+            if holders.is_empty() {
+                return;
+            }
+            let (key, holder) = holders[index.index(holders.len())];
+            release_as_model(table, model, key, holder);
+        }
+        Op::Cancel(index) => {
+            let waiters: Vec<(u8, usize)> = (0..MODEL_KEYS)
+                .flat_map(|key| {
+                    (0..model.keys[usize::from(key)].waiters.len()).map(move |at| (key, at))
+                })
+                .collect();
+            if waiters.is_empty() {
+                return;
+            }
+            let (key, at) = waiters[index.index(waiters.len())];
+            let (waiter_id, waiter_label) = model.keys[usize::from(key)]
+                .waiters
+                .remove(at)
+                .expect("index in range");
+            assert_eq!(table.cancel(waiter_id), Ok((key, waiter_label)));
+            model.retired.push(waiter_id);
+        }
+        Op::Retired(index) => {
+            if model.retired.is_empty() {
+                return;
+            }
+            let waiter_id = model.retired[index.index(model.retired.len())];
+            let before = table.stats();
+            let mut grants = Vec::new();
+            assert_eq!(
+                table.release(waiter_id, &mut grants),
+                Err(WaiterError::Unknown(waiter_id))
+            );
+            step(table);
+            assert_eq!(
+                table.cancel(waiter_id),
+                Err(WaiterError::Unknown(waiter_id))
+            );
+            assert!(grants.is_empty());
+            assert_eq!(table.stats(), before);
+        }
+    }
+}
+
+/// Releases `holder` of `key` and checks the grant is the model's next waiter with the next token.
+fn release_as_model(table: &mut LockTable<u8, u32>, model: &mut Model, key: u8, holder: WaiterId) {
+    let mut grants = Vec::new();
+    assert_eq!(table.release(holder, &mut grants), Ok(key));
+    model.retired.push(holder);
+    let model_key = &mut model.keys[usize::from(key)];
+    model_key.holder = None;
+    match model_key.waiters.pop_front() {
+        None => assert!(grants.is_empty(), "granted {grants:?} with no waiter"),
+        Some((next, next_label)) => {
+            model_key.holder = Some(next);
+            let expected = Grant {
+                waiter_id: next,
+                fencing_token: model.next_token(),
+                delivery: next_label,
+            };
+            assert_eq!(grants, [expected]);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn random_scripts_grant_exactly_as_the_fifo_model(script in prop::collection::vec(op(), 1..200)) {
+        let mut table: LockTable<u8, u32> = LockTable::new();
+        let mut model = Model::default();
+        for (label, op) in (0..).zip(script) {
+            apply(&mut table, &mut model, op, label);
+            step(&table);
+            prop_assert_eq!(table.stats(), model.stats());
+            for key in 0..MODEL_KEYS {
+                let model_key = &model.keys[usize::from(key)];
+                let live = model_key.holder.is_some() || !model_key.waiters.is_empty();
+                prop_assert_eq!(table.contains_key(&key), live);
+            }
+        }
+        // Releasing every holder drains every queue in order and leaves nothing behind.
+        for key in 0..MODEL_KEYS {
+            while let Some(holder) = model.keys[usize::from(key)].holder {
+                release_as_model(&mut table, &mut model, key, holder);
+                step(&table);
+            }
+        }
+        prop_assert_eq!(table.stats().keys, 0);
+    }
 }
