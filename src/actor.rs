@@ -18,9 +18,10 @@ use crate::LockKey;
 use crate::error::{LockError, TryLockError};
 use crate::grant::{GrantSender, Granted};
 use crate::guard::KeyGuard;
-use crate::messages::{Acquire, Cancel, Enqueue, GetStats, Release, TryAcquire};
+use crate::journal::{Journal, JournaledTable};
+use crate::messages::{Acquire, Cancel, Enqueue, GetJournal, GetStats, Release, TryAcquire};
 use crate::stats::RegistryStats;
-use crate::table::{Acquired, Grant, LockTable, WaiterId};
+use crate::table::{Acquired, Grant, WaiterId};
 
 /// The kameo actor behind a [`LockRegistry`](crate::LockRegistry). Its state is private; talk
 /// to it through the registry or through the public [`messages`](crate::messages).
@@ -29,7 +30,10 @@ use crate::table::{Acquired, Grant, LockTable, WaiterId};
 /// that are held. If it stops for any reason (shutdown, panic, kill), every waiter gets
 /// [`LockError::Closed`] and so does every later request.
 pub struct RegistryActor<K: LockKey> {
-    table: LockTable<K, Delivery<K>>,
+    /// The lock table, recording into a journal if the builder asked for one.
+    table: JournaledTable<K, Delivery<K>>,
+    /// Where journal times count from.
+    started: tokio::time::Instant,
     /// Grants made by the current table call and not yet delivered. A field rather than a
     /// local so that its allocation is reused from message to message.
     granted: Vec<Grant<Delivery<K>>>,
@@ -47,13 +51,27 @@ enum Delivery<K: LockKey> {
 /// Public only because kameo names it in `Actor::Args`; it cannot be named outside the crate.
 #[derive(Debug, Default)]
 #[non_exhaustive]
-pub struct RegistryConfig {}
+pub struct RegistryConfig {
+    /// Keep the last this many journal events; no journal if `None`.
+    pub(crate) journal_capacity: Option<usize>,
+}
 
 impl<K: LockKey> RegistryActor<K> {
-    fn new(_config: RegistryConfig) -> Self {
+    fn new(config: RegistryConfig) -> Self {
         RegistryActor {
-            table: LockTable::new(),
+            table: match config.journal_capacity {
+                Some(capacity) => JournaledTable::with_journal(capacity),
+                None => JournaledTable::new(),
+            },
+            started: tokio::time::Instant::now(),
             granted: Vec::new(),
+        }
+    }
+
+    /// Stamps the journal's clock before a message changes the table; free when it is off.
+    fn stamp_time(&mut self) {
+        if self.table.is_journaling() {
+            self.table.set_time(self.started.elapsed());
         }
     }
 
@@ -66,7 +84,7 @@ impl<K: LockKey> RegistryActor<K> {
             delivery,
         }) = self.granted.pop()
         {
-            debug!(key = ?self.table.key_of(waiter_id), fencing_token, "grant");
+            debug!(key = ?self.table.table().key_of(waiter_id), fencing_token, "grant");
             match delivery {
                 Delivery::Channel(sender) => {
                     let granted = Granted {
@@ -80,7 +98,7 @@ impl<K: LockKey> RegistryActor<K> {
                     }
                 }
                 Delivery::Reply(reply) => {
-                    let Some(key) = self.table.key_of(waiter_id).cloned() else {
+                    let Some(key) = self.table.table().key_of(waiter_id).cloned() else {
                         continue;
                     };
                     // If the asker is gone, kameo drops this guard, whose drop sends a
@@ -115,6 +133,7 @@ impl<K: LockKey> RegistryActor<K> {
 
     /// Answers every waiter with `Closed` and empties the table.
     fn close(&mut self) {
+        self.stamp_time();
         let waiters = self.table.shutdown();
         debug!(waiters = waiters.len(), "registry closing");
         // Grants cut short by a panic in the middle of a delivery are closed too.
@@ -165,12 +184,13 @@ impl<K: LockKey> Message<Enqueue<K>> for RegistryActor<K> {
             return;
         }
         debug!(?key, "acquire");
+        self.stamp_time();
         match self.table.acquire(key, Delivery::Channel(grant)) {
             Acquired::Granted(grant) => self.granted.push(grant),
             Acquired::Queued(waiter_id) => {
                 // Tell the caller its place, so that giving up becomes a cancel; if it gave up
                 // in the meantime, withdraw it now.
-                if let Some(Delivery::Channel(grant)) = self.table.delivery_of(waiter_id)
+                if let Some(Delivery::Channel(grant)) = self.table.table().delivery_of(waiter_id)
                     && grant.queued(waiter_id).is_err()
                 {
                     self.cancel(waiter_id);
@@ -198,6 +218,7 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
             return delegated;
         };
         debug!(?key, "acquire");
+        self.stamp_time();
         if let Acquired::Granted(grant) = self.table.acquire(key, Delivery::Reply(reply)) {
             self.granted.push(grant);
         }
@@ -217,6 +238,7 @@ impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
         ctx: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
         debug!(?key, "try acquire");
+        self.stamp_time();
         let reply = match self.table.try_acquire(key.clone()) {
             Ok(grant) => {
                 debug!(?key, fencing_token = grant.fencing_token, "grant");
@@ -241,6 +263,7 @@ impl<K: LockKey> Message<Release> for RegistryActor<K> {
     type Reply = ();
 
     async fn handle(&mut self, Release { waiter_id }: Release, ctx: &mut Context<Self, ()>) {
+        self.stamp_time();
         self.release(waiter_id);
         self.deliver_grants(ctx.actor_ref());
     }
@@ -251,6 +274,7 @@ impl<K: LockKey> Message<Cancel> for RegistryActor<K> {
 
     async fn handle(&mut self, Cancel { waiter_id }: Cancel, _: &mut Context<Self, ()>) {
         // Cancelling never grants (a queued waiter implies a holder), so nothing to deliver.
+        self.stamp_time();
         self.cancel(waiter_id);
     }
 }
@@ -259,7 +283,15 @@ impl<K: LockKey> Message<GetStats> for RegistryActor<K> {
     type Reply = RegistryStats;
 
     async fn handle(&mut self, _: GetStats, _: &mut Context<Self, RegistryStats>) -> RegistryStats {
-        self.table.stats().into()
+        self.table.table().stats().into()
+    }
+}
+
+impl<K: LockKey> Message<GetJournal> for RegistryActor<K> {
+    type Reply = Journal<K>;
+
+    async fn handle(&mut self, _: GetJournal, _: &mut Context<Self, Journal<K>>) -> Journal<K> {
+        self.table.journal()
     }
 }
 

@@ -64,6 +64,7 @@ mod actor;
 mod error;
 mod grant;
 mod guard;
+pub mod journal;
 pub mod messages;
 mod registry;
 mod stats;

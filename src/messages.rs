@@ -19,7 +19,12 @@
 //! [`LockRegistry`]: crate::LockRegistry
 //! [`LockRegistry::actor_ref`]: crate::LockRegistry::actor_ref
 
+use kameo::error::Infallible;
+use kameo::reply::{Reply, ReplyError};
+
 use crate::grant::GrantSender;
+use crate::journal::Journal;
+use crate::stats::RegistryStats;
 use crate::table::WaiterId;
 
 /// Waits for `key` and replies with its [`KeyGuard`](crate::KeyGuard) once granted (FIFO).
@@ -51,6 +56,38 @@ pub struct TryAcquire<K> {
 /// Replies with the registry's [`RegistryStats`](crate::RegistryStats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GetStats;
+
+/// Replies with a snapshot of the registry's [`Journal`] (empty unless the registry was built
+/// with [`RegistryBuilder::journal`](crate::RegistryBuilder::journal)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GetJournal;
+
+/// Implements kameo's `Reply` for a type returned as is, as kameo's `#[derive(Reply)]` would;
+/// written out to spare the crate kameo's proc-macro dependency.
+macro_rules! plain_reply {
+    ($type:ty $(, $param:ident)?) => {
+        impl$(<$param: Send + 'static>)? Reply for $type {
+            type Ok = Self;
+            type Error = Infallible;
+            type Value = Self;
+
+            fn to_result(self) -> Result<Self, Infallible> {
+                Ok(self)
+            }
+
+            fn into_any_err(self) -> Option<Box<dyn ReplyError>> {
+                None
+            }
+
+            fn into_value(self) -> Self {
+                self
+            }
+        }
+    };
+}
+
+plain_reply!(RegistryStats);
+plain_reply!(Journal<K>, K);
 
 /// Enqueues a [`lock`](crate::LockRegistry::lock) call whose grant goes to `grant`.
 #[derive(Debug)]

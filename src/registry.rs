@@ -12,7 +12,8 @@ use crate::actor::{RegistryActor, RegistryConfig};
 use crate::error::{LockError, TryLockError};
 use crate::grant::{self, GrantReceiver, Undo};
 use crate::guard::KeyGuard;
-use crate::messages::{Cancel, Enqueue, GetStats, Release, TryAcquire};
+use crate::journal::Journal;
+use crate::messages::{Cancel, Enqueue, GetJournal, GetStats, Release, TryAcquire};
 use crate::stats::RegistryStats;
 
 /// A registry of per-key async locks: the handle to one registry actor.
@@ -216,6 +217,42 @@ impl<K: LockKey> LockRegistry<K> {
             .map_err(|_| LockError::Closed)
     }
 
+    /// A snapshot of the journal: every table input and output so far, oldest first, up to
+    /// the capacity set with [`RegistryBuilder::journal`]. Empty if the registry was built
+    /// without a journal.
+    ///
+    /// The snapshot is taken after every request sent before this call.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] if the registry has shut down.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_locks::journal::JournalEvent;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keyed_locks::LockError> {
+    /// let registry = keyed_locks::LockRegistry::builder().journal(1_000).spawn();
+    /// drop(registry.lock("k").await?);
+    /// let journal = registry.journal().await?;
+    /// assert!(matches!(journal.entries[0].event, JournalEvent::Acquire { key: "k", .. }));
+    /// assert_eq!(journal.entries.len(), 3); // acquire, grant, release
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn journal(&self) -> Result<Journal<K>, LockError> {
+        self.actor_ref
+            .ask(GetJournal)
+            .await
+            .map_err(|_| LockError::Closed)
+    }
+
     /// Stops the registry and returns once its actor has stopped.
     ///
     /// Requests sent before the shutdown are handled first; then every waiter gets
@@ -325,14 +362,33 @@ impl<K: LockKey> Drop for PendingGrant<'_, K> {
 }
 
 /// Builds a [`LockRegistry`] with non-default settings; made by [`LockRegistry::builder`].
-///
-/// It has no settings yet: it is where the coming ones (journal, permits per key, shards) go.
 pub struct RegistryBuilder<K: LockKey> {
     config: RegistryConfig,
     key: PhantomData<fn() -> K>,
 }
 
 impl<K: LockKey> RegistryBuilder<K> {
+    /// Records every input the lock table processes and every output it gives, keeping the
+    /// last `capacity` events (older ones are dropped and counted). Read it with
+    /// [`LockRegistry::journal`]. Off by default; when off it costs one branch per request.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keyed_locks::LockError> {
+    /// let registry = keyed_locks::LockRegistry::builder().journal(2).spawn();
+    /// drop(registry.lock(1u8).await?);
+    /// let journal = registry.journal().await?;
+    /// assert_eq!((journal.entries.len(), journal.dropped), (2, 1));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn journal(mut self, capacity: usize) -> Self {
+        self.config.journal_capacity = Some(capacity);
+        self
+    }
+
     /// Spawns the registry actor on the current tokio runtime.
     ///
     /// The actor's mailbox is unbounded, so that a guard's drop never waits and never loses

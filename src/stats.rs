@@ -1,7 +1,5 @@
 //! [`RegistryStats`], the registry's counts at one instant.
 
-use kameo::reply::Reply;
-
 use crate::table::TableStats;
 
 /// The registry's counts at one instant, as returned by
@@ -28,24 +26,5 @@ impl From<TableStats> for RegistryStats {
             waiting: stats.waiting,
             grants: stats.grants,
         }
-    }
-}
-
-// What kameo's `#[derive(Reply)]` would write; written out to avoid its proc-macro dependency.
-impl Reply for RegistryStats {
-    type Ok = Self;
-    type Error = kameo::error::Infallible;
-    type Value = Self;
-
-    fn to_result(self) -> Result<Self, kameo::error::Infallible> {
-        Ok(self)
-    }
-
-    fn into_any_err(self) -> Option<Box<dyn kameo::reply::ReplyError>> {
-        None
-    }
-
-    fn into_value(self) -> Self::Value {
-        self
     }
 }

@@ -1,0 +1,385 @@
+//! The journal: every input the lock table processed and every output it gave, in order.
+//!
+//! Turned on with [`RegistryBuilder::journal`](crate::RegistryBuilder::journal) and read with
+//! [`LockRegistry::journal`](crate::LockRegistry::journal). Because the table is a pure state
+//! machine, the inputs of a complete journal determine its outputs: [`replay`](crate::replay)
+//! feeds them to a fresh table and checks that the same grants and fencing tokens come out.
+//!
+//! [`JournaledTable`] is the one place where recording happens: it wraps a
+//! [`LockTable`](crate::table::LockTable), forwards each call, and records the call and its
+//! result when a journal is on. The registry actor and the replayer both use it, so what is
+//! recorded in production and what is recomputed in a replay come from the same code.
+//!
+//! Waiters are named by their [`WaiterId`], written `w3v1` (slot 3, generation 1). The table
+//! hands out ids deterministically, so a replay of the same inputs reproduces the same ids.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::hash::Hash;
+use std::time::Duration;
+
+use slotmap::{Key, KeyData};
+
+use crate::table::{Acquired, Grant, LockTable, WaiterError, WaiterId, WouldBlock};
+
+/// One thing the table saw (an input) or did (an output).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum JournalEvent<K> {
+    /// Input: `waiter` asked for `key` and waits if it is held.
+    Acquire {
+        /// The id the table gave the new acquirer.
+        waiter: WaiterId,
+        /// The key asked for.
+        key: K,
+    },
+    /// Input: someone asked for `key` only if it is free. The table names the acquirer only
+    /// if it grants the key, in the `Grant` that follows.
+    TryAcquire {
+        /// The key asked for.
+        key: K,
+    },
+    /// Input: the holder `waiter` released its key.
+    Release {
+        /// The releasing holder.
+        waiter: WaiterId,
+    },
+    /// Input: the queued `waiter` gave up.
+    Cancel {
+        /// The waiter withdrawn.
+        waiter: WaiterId,
+    },
+    /// Input: the registry shut down.
+    Shutdown,
+    /// Output: `waiter` now holds its key under `fencing_token`.
+    Grant {
+        /// The new holder.
+        waiter: WaiterId,
+        /// Its fencing token.
+        fencing_token: u64,
+    },
+    /// Output: the try-acquire just before found its key taken; nothing changed.
+    WouldBlock {
+        /// The key that was taken.
+        key: K,
+    },
+    /// Output: `waiter` was still queued at shutdown and was told the registry closed.
+    Closed {
+        /// The closed-out waiter.
+        waiter: WaiterId,
+    },
+    /// Output: the table refused a release or cancel and changed nothing.
+    Refused {
+        /// The waiter the refused call named.
+        waiter: WaiterId,
+        /// Why.
+        reason: Refusal,
+    },
+}
+
+impl<K> JournalEvent<K> {
+    /// Whether this is an input to the table (as opposed to an output it produced).
+    pub fn is_input(&self) -> bool {
+        matches!(
+            self,
+            JournalEvent::Acquire { .. }
+                | JournalEvent::TryAcquire { .. }
+                | JournalEvent::Release { .. }
+                | JournalEvent::Cancel { .. }
+                | JournalEvent::Shutdown
+        )
+    }
+}
+
+/// Why the table refused a release or a cancel (see [`WaiterError`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// No such waiter (never issued, or already gone).
+    Unknown,
+    /// A release of a waiter that does not hold its key.
+    NotHolding,
+    /// A cancel of a waiter that already holds its key.
+    NotWaiting,
+}
+
+impl Refusal {
+    fn of(error: WaiterError) -> Self {
+        match error {
+            WaiterError::NotHolding(_) => Refusal::NotHolding,
+            WaiterError::NotWaiting(_) => Refusal::NotWaiting,
+            // `WaiterError` may grow; anything else means the table did not know the waiter.
+            _ => Refusal::Unknown,
+        }
+    }
+}
+
+/// One journal line: a sequence number, the time since the registry started, and the event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry<K> {
+    /// 1 for the first event the registry recorded, then one more for each event. Numbers keep
+    /// counting when old entries are dropped from a full journal.
+    pub seq: u64,
+    /// Time since the registry started, by tokio's clock (so paused time in tests gives
+    /// identical journals).
+    pub at: Duration,
+    /// What happened.
+    pub event: JournalEvent<K>,
+}
+
+/// A snapshot of a registry's journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Journal<K> {
+    /// The retained entries, oldest first.
+    pub entries: Vec<JournalEntry<K>>,
+    /// How many of the oldest entries were dropped because the journal was full. A journal
+    /// with dropped entries shows what happened lately, but cannot be replayed.
+    pub dropped: u64,
+}
+
+impl<K> Default for Journal<K> {
+    fn default() -> Self {
+        Journal {
+            entries: Vec::new(),
+            dropped: 0,
+        }
+    }
+}
+
+/// The bounded ring the events go into.
+#[derive(Debug)]
+struct Ring<K> {
+    entries: VecDeque<JournalEntry<K>>,
+    capacity: usize,
+    dropped: u64,
+    next_seq: u64,
+    now: Duration,
+}
+
+impl<K: Clone> Ring<K> {
+    fn push(&mut self, event: JournalEvent<K>) {
+        if self.capacity == 0 {
+            self.dropped += 1;
+        } else {
+            if self.entries.len() == self.capacity {
+                self.entries.pop_front();
+                self.dropped += 1;
+            }
+            self.entries.push_back(JournalEntry {
+                seq: self.next_seq,
+                at: self.now,
+                event,
+            });
+        }
+        self.next_seq += 1;
+    }
+}
+
+/// A [`LockTable`] that records its calls into a journal when one is on.
+///
+/// Each method forwards to the table method of the same name and returns its result
+/// unchanged. With the journal off, the only cost is one branch per call.
+pub struct JournaledTable<K, D> {
+    table: LockTable<K, D>,
+    ring: Option<Ring<K>>,
+}
+
+impl<K, D> JournaledTable<K, D>
+where
+    K: Hash + Eq + Clone,
+{
+    /// A fresh table that records nothing.
+    pub fn new() -> Self {
+        JournaledTable {
+            table: LockTable::new(),
+            ring: None,
+        }
+    }
+
+    /// A fresh table that keeps the last `capacity` events.
+    pub fn with_journal(capacity: usize) -> Self {
+        JournaledTable {
+            table: LockTable::new(),
+            ring: Some(Ring {
+                entries: VecDeque::with_capacity(capacity.min(4096)),
+                capacity,
+                dropped: 0,
+                next_seq: 1,
+                now: Duration::ZERO,
+            }),
+        }
+    }
+
+    /// Whether calls are being recorded.
+    pub fn is_journaling(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    /// Sets the time stamped on the events recorded from now on. The table itself never reads
+    /// a clock: the caller passes time in.
+    pub fn set_time(&mut self, since_start: Duration) {
+        if let Some(ring) = &mut self.ring {
+            ring.now = since_start;
+        }
+    }
+
+    /// The wrapped table, for reading.
+    pub fn table(&self) -> &LockTable<K, D> {
+        &self.table
+    }
+
+    /// A copy of the journal so far (empty if the journal is off).
+    pub fn journal(&self) -> Journal<K> {
+        match &self.ring {
+            Some(ring) => Journal {
+                entries: ring.entries.iter().cloned().collect(),
+                dropped: ring.dropped,
+            },
+            None => Journal::default(),
+        }
+    }
+
+    /// [`LockTable::acquire`], recorded.
+    pub fn acquire(&mut self, key: K, delivery: D) -> Acquired<D> {
+        let Some(ring) = &mut self.ring else {
+            return self.table.acquire(key, delivery);
+        };
+        let recorded_key = key.clone();
+        let acquired = self.table.acquire(key, delivery);
+        let waiter = match &acquired {
+            Acquired::Granted(grant) => grant.waiter_id,
+            Acquired::Queued(waiter_id) => *waiter_id,
+        };
+        ring.push(JournalEvent::Acquire {
+            waiter,
+            key: recorded_key,
+        });
+        if let Acquired::Granted(grant) = &acquired {
+            ring.push(grant_event(grant));
+        }
+        acquired
+    }
+
+    /// [`LockTable::try_acquire`], recorded.
+    pub fn try_acquire(&mut self, key: K) -> Result<Grant<()>, WouldBlock> {
+        let Some(ring) = &mut self.ring else {
+            return self.table.try_acquire(key);
+        };
+        ring.push(JournalEvent::TryAcquire { key: key.clone() });
+        let result = self.table.try_acquire(key.clone());
+        ring.push(match &result {
+            Ok(grant) => grant_event(grant),
+            Err(WouldBlock) => JournalEvent::WouldBlock { key },
+        });
+        result
+    }
+
+    /// [`LockTable::release`], recorded with the grant it causes.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTable::release`].
+    pub fn release(
+        &mut self,
+        waiter_id: WaiterId,
+        granted: &mut Vec<Grant<D>>,
+    ) -> Result<K, WaiterError> {
+        let Some(ring) = &mut self.ring else {
+            return self.table.release(waiter_id, granted);
+        };
+        let already_granted = granted.len();
+        let result = self.table.release(waiter_id, granted);
+        ring.push(JournalEvent::Release { waiter: waiter_id });
+        match &result {
+            Ok(_) => granted[already_granted..]
+                .iter()
+                .for_each(|grant| ring.push(grant_event(grant))),
+            Err(error) => ring.push(refused(waiter_id, *error)),
+        }
+        result
+    }
+
+    /// [`LockTable::cancel`], recorded.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockTable::cancel`].
+    pub fn cancel(&mut self, waiter_id: WaiterId) -> Result<(K, D), WaiterError> {
+        let Some(ring) = &mut self.ring else {
+            return self.table.cancel(waiter_id);
+        };
+        let result = self.table.cancel(waiter_id);
+        ring.push(JournalEvent::Cancel { waiter: waiter_id });
+        if let Err(error) = &result {
+            ring.push(refused(waiter_id, *error));
+        }
+        result
+    }
+
+    /// [`LockTable::shutdown`], recorded with a `Closed` event per waiter, in the order
+    /// returned.
+    pub fn shutdown(&mut self) -> Vec<(WaiterId, D)> {
+        let waiters = self.table.shutdown();
+        if let Some(ring) = &mut self.ring {
+            ring.push(JournalEvent::Shutdown);
+            for (waiter, _) in &waiters {
+                ring.push(JournalEvent::Closed { waiter: *waiter });
+            }
+        }
+        waiters
+    }
+}
+
+impl<K, D> Default for JournaledTable<K, D>
+where
+    K: Hash + Eq + Clone,
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: fmt::Debug, D> fmt::Debug for JournaledTable<K, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JournaledTable")
+            .field("table", &self.table)
+            .field("journaling", &self.ring.is_some())
+            .finish()
+    }
+}
+
+fn grant_event<K, D>(grant: &Grant<D>) -> JournalEvent<K> {
+    JournalEvent::Grant {
+        waiter: grant.waiter_id,
+        fencing_token: grant.fencing_token,
+    }
+}
+
+fn refused<K>(waiter: WaiterId, error: WaiterError) -> JournalEvent<K> {
+    JournalEvent::Refused {
+        waiter,
+        reason: Refusal::of(error),
+    }
+}
+
+/// A waiter id as journals and traces write it: `w<slot>v<generation>`.
+pub fn format_waiter(waiter: WaiterId) -> String {
+    let ffi = waiter.data().as_ffi();
+    format!("w{}v{}", ffi & 0xffff_ffff, ffi >> 32)
+}
+
+/// The id that [`format_waiter`] wrote as `text`, or `None` if `text` is not one. Generations
+/// of live slotmap ids are odd, so an even generation is refused rather than silently changed.
+pub fn parse_waiter(text: &str) -> Option<WaiterId> {
+    let (slot, generation) = text.strip_prefix('w')?.split_once('v')?;
+    let all_digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits(slot) || !all_digits(generation) {
+        return None;
+    }
+    let (slot, generation): (u32, u32) = (slot.parse().ok()?, generation.parse().ok()?);
+    if generation % 2 == 0 {
+        return None;
+    }
+    Some(WaiterId::from(KeyData::from_ffi(
+        (u64::from(generation) << 32) | u64::from(slot),
+    )))
+}
