@@ -1,0 +1,269 @@
+//! The lock registries the benchmarks compare, behind one trait.
+//!
+//! Shared by `peers.rs` (throughput, criterion) and `memory.rs` (bytes and leftover entries),
+//! so that both measure exactly the same code. Every contender locks `u64` keys and hands back
+//! a guard that releases on drop.
+
+use std::collections::HashMap;
+use std::collections::hash_map;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use lockable::{AsyncLimit, InfallibleUnwrap, Lockable, LockableHashMap};
+
+/// One implementation of per-key async locks.
+pub trait Contender: Send + Sync + Sized + 'static {
+    /// The name in tables, charts and criterion ids.
+    const NAME: &'static str;
+
+    /// Holds one key until dropped.
+    type Guard<'a>: Send
+    where
+        Self: 'a;
+
+    /// A fresh, empty instance. `keys` is the number of distinct keys the workload uses; only
+    /// the floor, which has no map, needs it. Must run inside a tokio runtime.
+    fn new(keys: usize) -> Self;
+
+    /// Waits for `key`.
+    fn lock(&self, key: u64) -> impl Future<Output = Self::Guard<'_>> + Send;
+
+    /// Entries in the map right now, if the implementation exposes a count.
+    fn entries(&self) -> impl Future<Output = Option<usize>> + Send;
+
+    /// Stops whatever runs in the background, so that its memory is freed before the next
+    /// measurement starts. Nothing to do for the mutex maps.
+    fn close(&self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+}
+
+/// This crate: one registry actor.
+pub struct Ours(keyed_locks::LockRegistry<u64>);
+
+impl Contender for Ours {
+    const NAME: &'static str = "keyed-locks";
+    type Guard<'a> = keyed_locks::KeyGuard<u64>;
+
+    fn new(_keys: usize) -> Self {
+        Ours(keyed_locks::LockRegistry::spawn())
+    }
+
+    async fn lock(&self, key: u64) -> Self::Guard<'_> {
+        self.0.lock(key).await.expect("the registry is open")
+    }
+
+    async fn entries(&self) -> Option<usize> {
+        Some(self.0.stats().await.expect("the registry is open").keys)
+    }
+
+    async fn close(&self) {
+        self.0.shutdown().await;
+    }
+}
+
+/// lockable 0.2: `LockableHashMap<K, ()>` with its async API.
+pub struct LockablePeer(LockableHashMap<u64, ()>);
+
+impl Contender for LockablePeer {
+    const NAME: &'static str = "lockable";
+    type Guard<'a> = <LockableHashMap<u64, ()> as Lockable<u64, ()>>::Guard<'a>;
+
+    fn new(_keys: usize) -> Self {
+        LockablePeer(LockableHashMap::new())
+    }
+
+    async fn lock(&self, key: u64) -> Self::Guard<'_> {
+        self.0
+            .async_lock(key, AsyncLimit::no_limit())
+            .await
+            .infallible_unwrap()
+    }
+
+    async fn entries(&self) -> Option<usize> {
+        Some(self.0.num_entries_or_locked())
+    }
+}
+
+/// keyed-lock 0.2: `parking_lot::Mutex<HashMap<K, Arc<tokio::sync::Mutex<()>>>>`.
+pub struct KeyedLockPeer(keyed_lock::r#async::KeyedLock<u64>);
+
+impl Contender for KeyedLockPeer {
+    const NAME: &'static str = "keyed-lock";
+    type Guard<'a> = keyed_lock::r#async::Guard<'a, u64>;
+
+    fn new(_keys: usize) -> Self {
+        KeyedLockPeer(keyed_lock::r#async::KeyedLock::new())
+    }
+
+    async fn lock(&self, key: u64) -> Self::Guard<'_> {
+        self.0.lock(key).await
+    }
+
+    /// keyed-lock exposes no count (its `registry_len` is test-only); `memory.rs` estimates
+    /// it from live allocations instead.
+    async fn entries(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// key-mutex 0.1 (feature `tokio`): a `DashMap<K, Arc<tokio::sync::Mutex<()>>>`.
+pub struct KeyMutexPeer(key_mutex::tokio::KeyMutex<u64, ()>);
+
+impl Contender for KeyMutexPeer {
+    const NAME: &'static str = "key-mutex";
+    type Guard<'a> = key_mutex::tokio::OwnedMutexGuard<u64, ()>;
+
+    fn new(_keys: usize) -> Self {
+        KeyMutexPeer(key_mutex::tokio::KeyMutex::new())
+    }
+
+    async fn lock(&self, key: u64) -> Self::Guard<'_> {
+        self.0.lock(key).await
+    }
+
+    async fn entries(&self) -> Option<usize> {
+        Some(self.0.len())
+    }
+}
+
+/// The seed's pattern, `Mutex<HashMap<K, (Arc<tokio::sync::Mutex<()>>, count)>>`, written
+/// cancel-safely: the count is taken under the map lock before the first await and given back
+/// by a drop guard, so a waiting future that is dropped gives it back too.
+pub struct Seed {
+    map: Mutex<SeedMap>,
+}
+
+/// Each key's mutex and reference count: holders plus waiters.
+type SeedMap = HashMap<u64, (Arc<tokio::sync::Mutex<()>>, usize)>;
+
+/// One unit of a key's reference count in [`Seed`]; dropping it gives the unit back and
+/// removes the entry when it was the last.
+pub struct SeedCount<'a> {
+    seed: &'a Seed,
+    key: u64,
+}
+
+impl Drop for SeedCount<'_> {
+    fn drop(&mut self) {
+        let mut map = self.seed.map();
+        if let hash_map::Entry::Occupied(mut entry) = map.entry(self.key) {
+            entry.get_mut().1 -= 1;
+            if entry.get().1 == 0 {
+                entry.remove();
+            }
+        }
+    }
+}
+
+/// The seed's guard. Fields drop in order: the mutex is unlocked before the count goes.
+pub struct SeedGuard<'a> {
+    _held: tokio::sync::OwnedMutexGuard<()>,
+    _count: SeedCount<'a>,
+}
+
+impl Seed {
+    fn map(&self) -> MutexGuard<'_, SeedMap> {
+        // Nothing panics under this lock; a poisoned map is still a consistent map.
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Contender for Seed {
+    const NAME: &'static str = "seed";
+    type Guard<'a> = SeedGuard<'a>;
+
+    fn new(_keys: usize) -> Self {
+        Seed {
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn lock(&self, key: u64) -> Self::Guard<'_> {
+        let mutex = {
+            let mut map = self.map();
+            let entry = map
+                .entry(key)
+                .or_insert_with(|| (Arc::new(tokio::sync::Mutex::new(())), 0));
+            entry.1 += 1;
+            Arc::clone(&entry.0)
+        };
+        // Armed before the first await: from here on, dropping this future gives the count back.
+        let count = SeedCount { seed: self, key };
+        let held = mutex.lock_owned().await;
+        SeedGuard {
+            _held: held,
+            _count: count,
+        }
+    }
+
+    async fn entries(&self) -> Option<usize> {
+        Some(self.map().len())
+    }
+}
+
+/// The floor: a bare `tokio::sync::Mutex<()>` per key, allocated up front, no map.
+pub struct Floor(Vec<tokio::sync::Mutex<()>>);
+
+impl Contender for Floor {
+    const NAME: &'static str = "floor";
+    type Guard<'a> = tokio::sync::MutexGuard<'a, ()>;
+
+    fn new(keys: usize) -> Self {
+        Floor(
+            (0..keys.max(1))
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+        )
+    }
+
+    async fn lock(&self, key: u64) -> Self::Guard<'_> {
+        // The modulo keeps `distinct` in range when criterion repeats it with fresh keys.
+        self.0[(key % self.0.len() as u64) as usize].lock().await
+    }
+
+    /// No map, nothing to leave behind.
+    async fn entries(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// The runtime every benchmark runs on: tokio multi-thread with 2 workers.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// Calls `$body` once per contender, with `$c` bound to the contender's type, in table order.
+#[macro_export]
+macro_rules! for_each_contender {
+    ($c:ident => $body:expr) => {{
+        {
+            type $c = $crate::contenders::Ours;
+            $body
+        }
+        {
+            type $c = $crate::contenders::LockablePeer;
+            $body
+        }
+        {
+            type $c = $crate::contenders::KeyedLockPeer;
+            $body
+        }
+        {
+            type $c = $crate::contenders::KeyMutexPeer;
+            $body
+        }
+        {
+            type $c = $crate::contenders::Seed;
+            $body
+        }
+        {
+            type $c = $crate::contenders::Floor;
+            $body
+        }
+    }};
+}

@@ -1,0 +1,174 @@
+//! Throughput against the peers (issue 4): `distinct`, `spread` and `hot`, for keyed-locks,
+//! lockable, keyed-lock, key-mutex, the seed's pattern and a bare `tokio::sync::Mutex` per key
+//! (the floor), all on one tokio multi-thread runtime with 2 workers.
+//!
+//! Run with `cargo bench --bench peers`; criterion writes its estimates under
+//! `target/criterion/<workload>/<contender>/`, which `examples/bench_report.rs` reads. One
+//! criterion iteration is one whole run of the workload; its elements are lock/unlock pairs.
+
+mod contenders;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, SamplingMode, Throughput};
+
+use contenders::{Contender, runtime};
+
+/// The throughput workloads of issue 4, with their shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// One task, sequential lock/unlock pairs, each on a new key.
+    Distinct,
+    /// Many tasks over many keys, a `yield_now` inside the critical section.
+    Spread,
+    /// Many tasks on one key, a `yield_now` inside the critical section.
+    Hot,
+}
+
+impl Workload {
+    pub const ALL: [Workload; 3] = [Workload::Distinct, Workload::Spread, Workload::Hot];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Distinct => "distinct",
+            Workload::Spread => "spread",
+            Workload::Hot => "hot",
+        }
+    }
+
+    pub fn tasks(self) -> usize {
+        match self {
+            Workload::Distinct => 1,
+            Workload::Spread | Workload::Hot => 512,
+        }
+    }
+
+    pub fn ops_per_task(self) -> usize {
+        match self {
+            Workload::Distinct => 300_000,
+            Workload::Spread => 600,
+            Workload::Hot => 200,
+        }
+    }
+
+    /// Distinct keys touched per run.
+    pub fn keys(self) -> usize {
+        match self {
+            Workload::Distinct => 300_000,
+            Workload::Spread => 10_000,
+            Workload::Hot => 1,
+        }
+    }
+
+    /// Lock/unlock pairs per run: criterion's elements.
+    pub fn ops(self) -> u64 {
+        (self.tasks() * self.ops_per_task()) as u64
+    }
+
+    /// Runs the workload once on the current runtime and returns how long it took. `round`
+    /// numbers the run so that `distinct` uses keys never used before.
+    pub async fn run<C: Contender>(self, contender: &Arc<C>, round: u64) -> Duration {
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..self.tasks())
+            .map(|task| {
+                let contender = Arc::clone(contender);
+                tokio::spawn(async move {
+                    let mut key_source = KeySource::new(self, round, task);
+                    for _ in 0..self.ops_per_task() {
+                        let guard = contender.lock(key_source.next_key()).await;
+                        if self != Workload::Distinct {
+                            tokio::task::yield_now().await;
+                        }
+                        drop(guard);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("workload task panicked");
+        }
+        start.elapsed()
+    }
+}
+
+/// The key sequence of one task: sequential and fresh for `distinct`, a fixed pseudo-random
+/// sequence (xorshift, seeded by the task number) for `spread`, always 0 for `hot`.
+struct KeySource {
+    workload: Workload,
+    next_distinct: u64,
+    xorshift: u64,
+}
+
+impl KeySource {
+    fn new(workload: Workload, round: u64, task: usize) -> Self {
+        KeySource {
+            workload,
+            next_distinct: round * workload.ops(),
+            xorshift: 0x9E37_79B9_7F4A_7C15 ^ (task as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
+        }
+    }
+
+    fn next_key(&mut self) -> u64 {
+        match self.workload {
+            Workload::Distinct => {
+                self.next_distinct += 1;
+                self.next_distinct
+            }
+            Workload::Spread => {
+                self.xorshift ^= self.xorshift << 13;
+                self.xorshift ^= self.xorshift >> 7;
+                self.xorshift ^= self.xorshift << 17;
+                self.xorshift % self.workload.keys() as u64
+            }
+            Workload::Hot => 0,
+        }
+    }
+}
+
+fn bench_contender<C: Contender>(
+    criterion: &mut Criterion,
+    runtime: &tokio::runtime::Runtime,
+    workload: Workload,
+) {
+    let contender = Arc::new(runtime.block_on(async { C::new(workload.keys()) }));
+    let mut group = criterion.benchmark_group(workload.name());
+    group
+        .sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .throughput(Throughput::Elements(workload.ops()));
+    let mut round = 0;
+    group.bench_function(C::NAME, |bencher| {
+        bencher.iter_custom(|iterations| {
+            (0..iterations)
+                .map(|_| {
+                    round += 1;
+                    runtime.block_on(workload.run(&contender, round))
+                })
+                .sum()
+        })
+    });
+    group.finish();
+    // Not a measurement, a sanity check: every contender must be empty after a clean run.
+    if let Some(entries) = runtime.block_on(contender.entries())
+        && entries != 0
+    {
+        eprintln!(
+            "warning: {} left {entries} entries after {}",
+            C::NAME,
+            workload.name()
+        );
+    }
+    runtime.block_on(contender.close());
+}
+
+fn main() {
+    let runtime = runtime();
+    let mut criterion = Criterion::default().configure_from_args();
+    for workload in Workload::ALL {
+        for_each_contender!(C => bench_contender::<C>(&mut criterion, &runtime, workload));
+    }
+    criterion.final_summary();
+}
