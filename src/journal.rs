@@ -6,7 +6,7 @@
 //! feeds them to a fresh table and checks that the same grants and fencing tokens come out.
 //!
 //! [`JournaledTable`] is the one place where recording happens: it wraps a
-//! [`LockTable`](crate::table::LockTable), forwards each call, and records the call and its
+//! [`LockTable`], forwards each call, and records the call and its
 //! result when a journal is on. The registry actor and the replayer both use it, so what is
 //! recorded in production and what is recomputed in a replay come from the same code.
 //!
@@ -214,11 +214,13 @@ where
         self.ring.is_some()
     }
 
-    /// Sets the time stamped on the events recorded from now on. The table itself never reads
-    /// a clock: the caller passes time in.
+    /// Sets the time stamped on the events recorded from now on, truncated to whole
+    /// microseconds. The table itself never reads a clock: the caller passes time in.
     pub fn set_time(&mut self, since_start: Duration) {
         if let Some(ring) = &mut self.ring {
-            ring.now = since_start;
+            // Microseconds are the resolution of a trace line (`+0.004113s`): truncating here
+            // keeps recorded traces short and makes them round-trip exactly.
+            ring.now = Duration::new(since_start.as_secs(), since_start.subsec_micros() * 1_000);
         }
     }
 

@@ -67,8 +67,10 @@ mod guard;
 pub mod journal;
 pub mod messages;
 mod registry;
+pub mod replay;
 mod stats;
 pub mod table;
+pub mod trace;
 
 use std::fmt::Debug;
 use std::hash::Hash;

@@ -53,7 +53,7 @@ pub struct TryAcquire<K> {
     pub key: K,
 }
 
-/// Replies with the registry's [`RegistryStats`](crate::RegistryStats).
+/// Replies with the registry's [`RegistryStats`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GetStats;
 

@@ -1,0 +1,289 @@
+//! Replay: recompute a journal's outputs from its inputs and find where they differ.
+//!
+//! The lock table is a pure state machine and hands out waiter ids deterministically, so the
+//! inputs of a complete journal (acquire, try_acquire, release, cancel, shutdown) fully
+//! determine its outputs (grants with their waiters and fencing tokens, would-blocks, closes,
+//! refusals). [`replay`] feeds the inputs, in order, to a fresh table and returns everything
+//! that table records; [`first_divergence`] compares that with the recorded journal, and
+//! [`verify`] does both.
+//!
+//! A divergence means the journal is not what this version of the table would have recorded:
+//! the trace was edited, it comes from a different version of the crate, or the table is not
+//! deterministic (a bug). Replay never panics, whatever the journal says: an input that makes
+//! no sense (the release of a waiter that never held, an id the table never issued) is fed to
+//! the table like any other, the table refuses it, and the comparison reports the difference.
+//!
+//! ```
+//! use keyed_locks::replay::verify;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let registry = keyed_locks::LockRegistry::builder().journal(1_000).spawn();
+//! let first = registry.lock("k").await?;
+//! let second = tokio::spawn({
+//!     let registry = registry.clone();
+//!     async move { registry.lock("k").await.map(drop) }
+//! });
+//! drop(first);
+//! second.await??;
+//!
+//! verify(&registry.journal().await?)?; // same grants, same fencing tokens
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::hash::Hash;
+
+use crate::journal::{Journal, JournalEntry, JournalEvent, JournaledTable};
+use crate::trace::{TraceTime, write_event};
+
+/// Why a journal could not be replayed at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// The journal lost its oldest events to its capacity, so the state the remaining ones
+    /// start from is unknown.
+    Incomplete {
+        /// How many events were dropped.
+        dropped: u64,
+    },
+}
+
+impl fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplayError::Incomplete { dropped } => write!(
+                f,
+                "the journal dropped its {dropped} oldest events and cannot be replayed \
+                 (record with a larger journal capacity)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ReplayError {}
+
+/// The first place where a replay differs from the recorded journal.
+///
+/// Sequence numbers and events are compared; times are not, since a replay copies each
+/// input's time from the recording.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Divergence<K> {
+    /// The sequence number of the first differing entry (the recorded one's if both exist).
+    pub seq: u64,
+    /// The recorded entry; `None` if the recording ends where the replay goes on.
+    pub expected: Option<JournalEntry<K>>,
+    /// The replayed entry; `None` if the replay ends where the recording goes on.
+    pub got: Option<JournalEntry<K>>,
+}
+
+impl<K: fmt::Debug> fmt::Display for Divergence<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "replay diverges at seq {}: expected {}, got {}",
+            self.seq,
+            ShownEntry(self.expected.as_ref(), "the end of the journal"),
+            ShownEntry(self.got.as_ref(), "the end of the replay"),
+        )
+    }
+}
+
+/// Why [`verify`] failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum VerifyError<K> {
+    /// The journal cannot be replayed.
+    Replay(ReplayError),
+    /// The replay gave different outputs.
+    Diverged(Divergence<K>),
+}
+
+impl<K: fmt::Debug> fmt::Display for VerifyError<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VerifyError::Replay(error) => error.fmt(f),
+            VerifyError::Diverged(divergence) => divergence.fmt(f),
+        }
+    }
+}
+
+impl<K: fmt::Debug> std::error::Error for VerifyError<K> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            VerifyError::Replay(error) => Some(error),
+            VerifyError::Diverged(_) => None,
+        }
+    }
+}
+
+impl<K> From<ReplayError> for VerifyError<K> {
+    fn from(error: ReplayError) -> Self {
+        VerifyError::Replay(error)
+    }
+}
+
+/// Feeds the inputs of `journal`, in order and at their recorded times, to a fresh table and
+/// returns every event that table records: the inputs (with the waiter ids it hands out) and
+/// the outputs they cause. The recorded outputs are ignored.
+///
+/// # Errors
+///
+/// [`ReplayError::Incomplete`] if the journal dropped events (`dropped > 0`).
+///
+/// # Examples
+///
+/// ```
+/// use keyed_locks::journal::JournalEvent;
+/// use keyed_locks::replay::replay;
+/// use keyed_locks::trace::{IntegerKeys, parse_trace};
+///
+/// // Only the inputs matter: the grant is recomputed.
+/// let journal = parse_trace("1 +0.000000s acquire w1v1 7\n", &IntegerKeys).unwrap();
+/// let replayed = replay::<u8>(&journal).unwrap();
+/// assert!(matches!(replayed[1].event, JournalEvent::Grant { fencing_token: 1, .. }));
+/// ```
+pub fn replay<K>(journal: &Journal<K>) -> Result<Vec<JournalEntry<K>>, ReplayError>
+where
+    K: Hash + Eq + Clone,
+{
+    if journal.dropped > 0 {
+        return Err(ReplayError::Incomplete {
+            dropped: journal.dropped,
+        });
+    }
+    let mut table = JournaledTable::<K, ()>::with_journal(usize::MAX);
+    let mut granted = Vec::new();
+    for entry in journal
+        .entries
+        .iter()
+        .filter(|entry| entry.event.is_input())
+    {
+        table.set_time(entry.at);
+        // Results are ignored: the journaled table records them, refusals included, and the
+        // comparison is what judges them.
+        match &entry.event {
+            JournalEvent::Acquire { key, .. } => {
+                // The recorded id is not passed in: the table picks ids itself, and a replay
+                // that picks another one shows up as a divergence on this very event.
+                let _ = table.acquire(key.clone(), ());
+            }
+            JournalEvent::TryAcquire { key } => {
+                let _ = table.try_acquire(key.clone());
+            }
+            JournalEvent::Release { waiter } => {
+                granted.clear();
+                let _ = table.release(*waiter, &mut granted);
+            }
+            JournalEvent::Cancel { waiter } => {
+                let _ = table.cancel(*waiter);
+            }
+            JournalEvent::Shutdown => {
+                let _ = table.shutdown();
+            }
+            JournalEvent::Grant { .. }
+            | JournalEvent::WouldBlock { .. }
+            | JournalEvent::Closed { .. }
+            | JournalEvent::Refused { .. } => {}
+        }
+    }
+    Ok(table.journal().entries)
+}
+
+/// The first entry where `replayed` differs from `recorded` in sequence number or event, or
+/// where one of them ends before the other; `None` if they agree.
+///
+/// # Examples
+///
+/// ```
+/// use keyed_locks::replay::{first_divergence, replay};
+/// use keyed_locks::trace::{StringKeys, parse_trace};
+///
+/// let trace = "1 +0.000000s try_acquire \"k\"\n2 +0.000000s grant w1v1 9\n";
+/// let recorded = parse_trace(trace, &StringKeys).unwrap();
+/// let replayed = replay(&recorded).unwrap();
+/// let divergence = first_divergence(&recorded.entries, &replayed).unwrap();
+/// assert_eq!(divergence.seq, 2); // a fresh table's first token is 1, not 9
+/// ```
+pub fn first_divergence<K>(
+    recorded: &[JournalEntry<K>],
+    replayed: &[JournalEntry<K>],
+) -> Option<Divergence<K>>
+where
+    K: PartialEq + Clone,
+{
+    let mut recorded_entries = recorded.iter();
+    let mut replayed_entries = replayed.iter();
+    loop {
+        match (recorded_entries.next(), replayed_entries.next()) {
+            (None, None) => return None,
+            (Some(expected), Some(got))
+                if expected.seq == got.seq && expected.event == got.event => {}
+            (expected, got) => {
+                let seq = expected.or(got).map_or(0, |entry| entry.seq);
+                return Some(Divergence {
+                    seq,
+                    expected: expected.cloned(),
+                    got: got.cloned(),
+                });
+            }
+        }
+    }
+}
+
+/// Replays `journal` and checks that the replay records exactly the same events.
+///
+/// # Errors
+///
+/// [`VerifyError::Replay`] if the journal cannot be replayed (it dropped events),
+/// [`VerifyError::Diverged`] with the first difference otherwise.
+///
+/// # Examples
+///
+/// ```
+/// use keyed_locks::replay::{VerifyError, verify};
+/// use keyed_locks::trace::{StringKeys, parse_trace};
+///
+/// let trace = "\
+/// 1 +0.000000s acquire w1v1 \"k\"
+/// 2 +0.000000s grant w1v1 1
+/// 3 +0.000100s release w2v1
+/// 4 +0.000100s grant w2v1 2
+/// ";
+/// let journal = parse_trace(trace, &StringKeys).unwrap();
+/// let Err(VerifyError::Diverged(divergence)) = verify(&journal) else { panic!() };
+/// assert_eq!(
+///     divergence.to_string(),
+///     "replay diverges at seq 4: expected `4 +0.000100s grant w2v1 2`, \
+///      got `4 +0.000100s refused w2v1 unknown`"
+/// );
+/// ```
+pub fn verify<K>(journal: &Journal<K>) -> Result<(), VerifyError<K>>
+where
+    K: Hash + Eq + Clone,
+{
+    let replayed = replay(journal)?;
+    match first_divergence(&journal.entries, &replayed) {
+        None => Ok(()),
+        Some(divergence) => Err(VerifyError::Diverged(divergence)),
+    }
+}
+
+/// An entry shown as its trace line in backquotes with keys in their `Debug` form, or the
+/// given words if there is no entry.
+struct ShownEntry<'a, K>(Option<&'a JournalEntry<K>>, &'static str);
+
+impl<K: fmt::Debug> fmt::Display for ShownEntry<'_, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(entry) = self.0 else {
+            return f.write_str(self.1);
+        };
+        let mut line = format!("{} {} ", entry.seq, TraceTime(entry.at));
+        write_event(&mut line, &entry.event, &|key, out| {
+            use fmt::Write as _;
+            let _ = write!(out, "{key:?}");
+        });
+        write!(f, "`{line}`")
+    }
+}

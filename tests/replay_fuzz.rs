@@ -1,0 +1,274 @@
+//! Parsing and replay never panic, whatever the input: random bytes, trace-like text, and
+//! well-formed journals whose events make no sense together.
+
+use std::time::Duration;
+
+use keyed_locks::journal::{
+    Journal, JournalEntry, JournalEvent, JournaledTable, Refusal, parse_waiter,
+};
+use keyed_locks::replay::{ReplayError, VerifyError, first_divergence, replay, verify};
+use keyed_locks::table::WaiterId;
+use keyed_locks::trace::{IntegerKeys, StringKeys, parse_trace, write_trace};
+use proptest::prelude::*;
+
+/// Ids a fresh table hands out early (slots 1..5, generations 1 and 3), plus ones it never
+/// does, so that random journals name both live and unknown waiters.
+fn any_waiter() -> impl Strategy<Value = WaiterId> {
+    prop_oneof![
+        4 => (1u32..5, prop_oneof![Just(1u32), Just(3)]),
+        1 => (any::<u32>(), any::<u32>().prop_map(|half| half | 1)),
+    ]
+    .prop_map(|(slot, generation)| {
+        parse_waiter(&format!("w{slot}v{generation}")).expect("odd generations are valid")
+    })
+}
+
+fn any_refusal() -> impl Strategy<Value = Refusal> {
+    prop_oneof![
+        Just(Refusal::Unknown),
+        Just(Refusal::NotHolding),
+        Just(Refusal::NotWaiting)
+    ]
+}
+
+/// Any event over three keys: inputs and outputs alike, in no sensible order.
+fn any_event() -> impl Strategy<Value = JournalEvent<u8>> {
+    let key = 0u8..3;
+    prop_oneof![
+        3 => (any_waiter(), key.clone()).prop_map(|(waiter, key)| JournalEvent::Acquire { waiter, key }),
+        2 => key.clone().prop_map(|key| JournalEvent::TryAcquire { key }),
+        3 => any_waiter().prop_map(|waiter| JournalEvent::Release { waiter }),
+        2 => any_waiter().prop_map(|waiter| JournalEvent::Cancel { waiter }),
+        1 => Just(JournalEvent::Shutdown),
+        2 => (any_waiter(), 0u64..20)
+            .prop_map(|(waiter, fencing_token)| JournalEvent::Grant { waiter, fencing_token }),
+        1 => key.prop_map(|key| JournalEvent::WouldBlock { key }),
+        1 => any_waiter().prop_map(|waiter| JournalEvent::Closed { waiter }),
+        1 => (any_waiter(), any_refusal()).prop_map(|(waiter, reason)| JournalEvent::Refused { waiter, reason }),
+    ]
+}
+
+/// Journals with well-formed lines (numbered from 1, times not going backwards, or sometimes
+/// not) whose events are random.
+fn any_inconsistent_journal() -> impl Strategy<Value = Journal<u8>> {
+    (
+        prop_oneof![4 => Just(0u64), 1 => any::<u64>()],
+        any::<bool>(),
+        proptest::collection::vec((any_event(), 0u64..1_000, any::<u64>()), 0..60),
+    )
+        .prop_map(|(dropped, numbered_in_order, steps)| {
+            let mut at = Duration::ZERO;
+            let entries = steps
+                .into_iter()
+                .enumerate()
+                .map(|(index, (event, micros_later, random_seq))| {
+                    at += Duration::from_micros(micros_later);
+                    let seq = if numbered_in_order {
+                        index as u64 + 1
+                    } else {
+                        random_seq
+                    };
+                    JournalEntry { seq, at, event }
+                })
+                .collect();
+            Journal { entries, dropped }
+        })
+}
+
+/// A valid trace of a random journal with a few random edits: characters deleted, replaced
+/// or inserted, lines swapped or repeated. Most results are invalid in one small place.
+fn mutated_trace() -> impl Strategy<Value = String> {
+    let edit = (
+        0u8..5,
+        any::<prop::sample::Index>(),
+        any::<prop::sample::Index>(),
+        any::<char>(),
+    );
+    (
+        any_inconsistent_journal(),
+        proptest::collection::vec(edit, 0..4),
+    )
+        .prop_map(|(journal, edits)| {
+            let journal = Journal {
+                dropped: 0,
+                ..journal
+            };
+            let mut characters: Vec<char> = write_trace(&journal, &IntegerKeys).chars().collect();
+            for (kind, first, second, character) in edits {
+                if characters.is_empty() {
+                    break;
+                }
+                let at = first.index(characters.len());
+                match kind {
+                    0 => {
+                        characters.remove(at);
+                    }
+                    1 => characters[at] = character,
+                    2 => characters.insert(at, character),
+                    _ => {
+                        let text: String = characters.iter().collect();
+                        let mut lines: Vec<&str> = text.split('\n').collect();
+                        let (one, other) = (first.index(lines.len()), second.index(lines.len()));
+                        if kind == 3 {
+                            lines.swap(one, other);
+                        } else {
+                            lines.insert(other, lines[one]);
+                        }
+                        characters = lines.join("\n").chars().collect();
+                    }
+                }
+            }
+            characters.into_iter().collect()
+        })
+}
+
+/// One input of a script applied to a real table: a key or an index into the ids seen so far.
+#[derive(Debug, Clone)]
+enum Step {
+    Acquire(u8),
+    TryAcquire(u8),
+    Release(usize),
+    Cancel(usize),
+    Shutdown,
+}
+
+fn any_step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0u8..3).prop_map(Step::Acquire),
+        2 => (0u8..3).prop_map(Step::TryAcquire),
+        4 => any::<usize>().prop_map(Step::Release),
+        2 => any::<usize>().prop_map(Step::Cancel),
+        1 => Just(Step::Shutdown),
+    ]
+}
+
+/// The journal a real table records for `steps`, releases and cancels naming ids it issued
+/// (some long gone), so that many of them are refused.
+fn journal_of(steps: &[Step]) -> Journal<u8> {
+    let mut table = JournaledTable::<u8, ()>::with_journal(usize::MAX);
+    let mut issued: Vec<WaiterId> = Vec::new();
+    let mut granted = Vec::new();
+    for (index, step) in steps.iter().enumerate() {
+        table.set_time(Duration::from_micros(index as u64 * 10));
+        let pick = |choice: &usize| issued.get(choice % issued.len().max(1)).copied();
+        match step {
+            Step::Acquire(key) => issued.push(match table.acquire(*key, ()) {
+                keyed_locks::table::Acquired::Granted(grant) => grant.waiter_id,
+                keyed_locks::table::Acquired::Queued(waiter_id) => waiter_id,
+            }),
+            Step::TryAcquire(key) => {
+                if let Ok(grant) = table.try_acquire(*key) {
+                    issued.push(grant.waiter_id);
+                }
+            }
+            Step::Release(choice) => {
+                if let Some(waiter) = pick(choice) {
+                    let _ = table.release(waiter, &mut granted);
+                }
+            }
+            Step::Cancel(choice) => {
+                if let Some(waiter) = pick(choice) {
+                    let _ = table.cancel(waiter);
+                }
+            }
+            Step::Shutdown => {
+                let _ = table.shutdown();
+            }
+        }
+    }
+    table.journal()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+    #[test]
+    fn parsing_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let text = String::from_utf8_lossy(&bytes);
+        let _ = parse_trace::<u64, _>(&text, &IntegerKeys);
+        let _ = parse_trace::<String, _>(&text, &StringKeys);
+    }
+
+    #[test]
+    fn parsing_a_mutated_trace_never_panics_and_what_parses_round_trips(text in mutated_trace()) {
+        if let Ok(journal) = parse_trace::<u64, _>(&text, &IntegerKeys) {
+            let written = write_trace(&journal, &IntegerKeys);
+            prop_assert_eq!(parse_trace(&written, &IntegerKeys).unwrap(), journal.clone());
+            let _ = verify(&journal);
+        }
+        let _ = parse_trace::<String, _>(&text, &StringKeys);
+    }
+
+    #[test]
+    fn parsing_trace_like_token_soup_never_panics(
+        lines in proptest::collection::vec(
+            (
+                prop_oneof![Just(String::new()), (0u64..6).prop_map(|seq| format!("{seq} ")), "[0-9+]{0,4} "],
+                prop_oneof![Just("+0.000001s ".to_owned()), "\\+[0-9]{1,2}\\.[0-9]{5,10}s? ?"],
+                prop_oneof![
+                    Just("acquire "), Just("try_acquire "), Just("release "), Just("cancel "),
+                    Just("shutdown"), Just("grant "), Just("would_block "), Just("closed "),
+                    Just("refused "), Just("# dropped "), Just("# keyed-locks trace "), Just(""),
+                ],
+                "(w[0-9]{1,2}v[0-9]{1,2} ?)?",
+                "(\"([^\"\\\\]|\\\\[\"\\\\nrtuq{}0-9a-f])*\"?|[0-9]{1,3}|unknown|not_holding|v1|-?[0-9]{1,4})?",
+            )
+                .prop_map(|(seq, time, name, waiter, tail)| format!("{seq}{time}{name}{waiter}{tail}")),
+            0..12,
+        )
+    ) {
+        let text = lines.join("\n");
+        if let Ok(journal) = parse_trace::<String, _>(&text, &StringKeys) {
+            let written = write_trace(&journal, &StringKeys);
+            prop_assert_eq!(parse_trace(&written, &StringKeys).unwrap(), journal.clone());
+            let _ = verify(&journal);
+        }
+        if let Ok(journal) = parse_trace::<u64, _>(&text, &IntegerKeys) {
+            let _ = verify(&journal);
+        }
+    }
+
+    #[test]
+    fn replaying_an_inconsistent_journal_never_panics(journal in any_inconsistent_journal()) {
+        match replay(&journal) {
+            Ok(replayed) => {
+                let _ = first_divergence(&journal.entries, &replayed);
+                // Whatever went in, what comes out is what a table records: it verifies.
+                let replayed = Journal { entries: replayed, dropped: 0 };
+                prop_assert_eq!(verify(&replayed), Ok(()));
+            }
+            Err(ReplayError::Incomplete { dropped }) => prop_assert_eq!(dropped, journal.dropped),
+            Err(other) => prop_assert!(false, "unexpected {other:?}"),
+        }
+        match verify(&journal) {
+            Ok(()) | Err(VerifyError::Replay(_)) => {}
+            Err(VerifyError::Diverged(divergence)) => {
+                let _ = divergence.to_string();
+            }
+            Err(other) => prop_assert!(false, "unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_journal_recorded_by_a_table_verifies_even_when_its_calls_make_no_sense(
+        steps in proptest::collection::vec(any_step(), 0..80)
+    ) {
+        let journal = journal_of(&steps);
+        prop_assert_eq!(verify(&journal), Ok(()));
+        let trace = write_trace(&journal, &IntegerKeys);
+        prop_assert_eq!(parse_trace(&trace, &IntegerKeys).unwrap(), journal);
+    }
+
+    #[test]
+    fn comparing_any_two_event_lists_never_panics(
+        recorded in any_inconsistent_journal(),
+        replayed in any_inconsistent_journal(),
+    ) {
+        if let Some(divergence) = first_divergence(&recorded.entries, &replayed.entries) {
+            prop_assert!(divergence.expected.is_some() || divergence.got.is_some());
+            prop_assert_ne!(divergence.expected, divergence.got);
+        } else {
+            prop_assert_eq!(recorded.entries.len(), replayed.entries.len());
+        }
+    }
+}
