@@ -1,15 +1,23 @@
 //! [`RegistryActor`], the single owner of the lock table.
 //!
-//! The actor turns each message into one [`LockTable`] call and each resulting [`Grant`] into a
-//! delivery. It does no bookkeeping of its own, holds no lock and awaits nothing in its
-//! handlers: every message is handled to the end before the next one starts, which is what
-//! makes the table's rules hold across tasks and threads.
+//! The actor turns each request into one table call and each resulting [`Grant`] into a
+//! delivery. It does no bookkeeping of its own, holds no lock and awaits nothing while it
+//! handles a request: every request is handled to the end before the next one starts, which
+//! is what makes the table's rules hold across tasks and threads.
+//!
+//! Requests arrive on two channels. The request channel ([`crate::request`]) carries every
+//! call of the handle and every release of a guard; the actor drains it in batches from
+//! [`Actor::next`]. kameo's mailbox carries the public [`messages`](crate::messages) and
+//! kameo's own signals (stop). Before it hands kameo any mailbox signal, the actor drains the
+//! request channel, so whatever was sent there before is handled first.
 
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 use kameo::Actor;
 use kameo::actor::{ActorRef, WeakActorRef};
 use kameo::error::{ActorStopReason, Infallible};
+use kameo::mailbox::{MailboxReceiver, Signal};
 use kameo::message::{Context, Message};
 use kameo::reply::{DelegatedReply, ReplySender};
 use tracing::{debug, warn};
@@ -19,9 +27,14 @@ use crate::error::{LockError, TryLockError};
 use crate::grant::{GrantSender, Granted};
 use crate::guard::KeyGuard;
 use crate::journal::{Journal, JournaledTable};
-use crate::messages::{Acquire, Cancel, Enqueue, GetJournal, GetStats, Release, TryAcquire};
+use crate::messages::{Acquire, GetJournal, GetStats, TryAcquire};
+use crate::request::{Request, RequestReceiver, WeakRequestSender};
 use crate::stats::RegistryStats;
 use crate::table::{Acquired, Grant, WaiterId};
+
+/// Requests taken from the request channel per wake-up. Large enough that a burst costs one
+/// wake-up per batch, small enough that kameo's mailbox (a stop) is looked at often.
+const REQUEST_BATCH: usize = 256;
 
 /// The kameo actor behind a [`LockRegistry`](crate::LockRegistry). Its state is private; talk
 /// to it through the registry or through the public [`messages`](crate::messages).
@@ -35,29 +48,42 @@ pub struct RegistryActor<K: LockKey> {
     /// Where journal times count from.
     started: tokio::time::Instant,
     /// Grants made by the current table call and not yet delivered. A field rather than a
-    /// local so that its allocation is reused from message to message.
+    /// local so that its allocation is reused.
     granted: Vec<Grant<Delivery<K>>>,
+    requests: RequestReceiver<K>,
+    /// The batch being handled; kept to reuse its allocation.
+    batch: Vec<Request<K>>,
+    /// For the guards of `ask(Acquire)` replies; weak, so that the actor alone does not keep
+    /// its request channel open.
+    weak_requests: WeakRequestSender<K>,
+    /// Whether kameo's mailbox can still deliver. It closes when no `ActorRef` is left, while
+    /// guards may still send releases on the request channel.
+    mailbox_open: bool,
+    /// Where the journal is left when the actor stops, for reading after a shutdown.
+    final_journal: Arc<OnceLock<Journal<K>>>,
 }
 
 /// How a grant reaches its waiter.
 enum Delivery<K: LockKey> {
     /// A [`lock`](crate::LockRegistry::lock) call, through its grant channel.
     Channel(GrantSender),
-    /// An `ask(Acquire)`, through kameo's reply.
+    /// An `ask(Acquire)`, through kameo's reply. The guard is built when the grant is made.
     Reply(ReplySender<Result<KeyGuard<K>, LockError>>),
 }
 
 /// The arguments the actor starts from, made by [`RegistryBuilder`](crate::RegistryBuilder).
 /// Public only because kameo names it in `Actor::Args`; it cannot be named outside the crate.
-#[derive(Debug, Default)]
-#[non_exhaustive]
-pub struct RegistryConfig {
+#[derive(Debug)]
+pub struct RegistryConfig<K> {
     /// Keep the last this many journal events; no journal if `None`.
     pub(crate) journal_capacity: Option<usize>,
+    pub(crate) requests: RequestReceiver<K>,
+    pub(crate) weak_requests: WeakRequestSender<K>,
+    pub(crate) final_journal: Arc<OnceLock<Journal<K>>>,
 }
 
 impl<K: LockKey> RegistryActor<K> {
-    fn new(config: RegistryConfig) -> Self {
+    fn new(config: RegistryConfig<K>) -> Self {
         RegistryActor {
             table: match config.journal_capacity {
                 Some(capacity) => JournaledTable::with_journal(capacity),
@@ -65,19 +91,105 @@ impl<K: LockKey> RegistryActor<K> {
             },
             started: tokio::time::Instant::now(),
             granted: Vec::new(),
+            requests: config.requests,
+            batch: Vec::with_capacity(REQUEST_BATCH),
+            weak_requests: config.weak_requests,
+            mailbox_open: true,
+            final_journal: config.final_journal,
         }
     }
 
-    /// Stamps the journal's clock before a message changes the table; free when it is off.
-    fn stamp_time(&mut self) {
-        if self.table.is_journaling() {
-            self.table.set_time(self.started.elapsed());
+    /// Handles every request in `self.batch`.
+    fn handle_batch(&mut self) {
+        let mut batch = std::mem::take(&mut self.batch);
+        for request in batch.drain(..) {
+            self.handle_request(request);
+        }
+        self.batch = batch;
+    }
+
+    /// Handles every request already on the request channel, without waiting for more.
+    fn drain_requests(&mut self) {
+        // `try_recv` does not miss a request whose send has completed, even while another
+        // send is still in progress ahead of it: it waits for that one instead.
+        while let Ok(request) = self.requests.try_recv() {
+            self.handle_request(request);
+        }
+    }
+
+    fn handle_request(&mut self, request: Request<K>) {
+        match request {
+            Request::Acquire { key, grant } => self.acquire(key, grant),
+            Request::TryAcquire { key, grant } => self.try_acquire(key, grant),
+            Request::Release { waiter_id } => {
+                self.stamp_time();
+                self.release(waiter_id);
+                self.deliver_grants();
+            }
+            Request::Cancel { waiter_id } => {
+                // Cancelling never grants (a queued waiter implies a holder): nothing to deliver.
+                self.stamp_time();
+                self.cancel(waiter_id);
+            }
+            Request::Stats { reply } => {
+                // A caller that gave up does not want the answer.
+                let _ = reply.send(self.stats());
+            }
+            Request::Journal { reply } => {
+                let _ = reply.send(self.table.journal());
+            }
+        }
+    }
+
+    fn acquire(&mut self, key: K, grant: GrantSender) {
+        if grant.is_abandoned() {
+            // The caller gave up before we got here: touch nothing, create no entry.
+            debug!(?key, "acquire withdrawn before it arrived");
+            return;
+        }
+        debug!(?key, "acquire");
+        self.stamp_time();
+        match self.table.acquire(key, Delivery::Channel(grant)) {
+            Acquired::Granted(grant) => self.granted.push(grant),
+            Acquired::Queued(waiter_id) => {
+                // Tell the caller its place, so that giving up becomes a cancel; if it gave up
+                // in the meantime, withdraw it now.
+                if let Some(Delivery::Channel(grant)) = self.table.table().delivery_of(waiter_id)
+                    && grant.queued(waiter_id).is_err()
+                {
+                    self.cancel(waiter_id);
+                }
+            }
+        }
+        self.deliver_grants();
+    }
+
+    fn try_acquire(&mut self, key: K, grant: GrantSender) {
+        if grant.is_abandoned() {
+            debug!(?key, "try acquire withdrawn before it arrived");
+            return;
+        }
+        debug!(?key, "try acquire");
+        self.stamp_time();
+        match self.table.try_acquire(key) {
+            Ok(granted) => {
+                let waiter_id = granted.waiter_id;
+                debug!(key = ?self.table.table().key_of(waiter_id), "grant");
+                let granted = Granted {
+                    waiter_id,
+                    fencing_token: granted.fencing_token,
+                };
+                if grant.grant(granted).is_err() {
+                    self.release(waiter_id);
+                }
+            }
+            Err(_) => grant.would_block(),
         }
     }
 
     /// Delivers every pending grant. A grant whose waiter gave up is released on the spot,
     /// which may grant the key to the next waiter, so this loops until nothing is pending.
-    fn deliver_grants(&mut self, actor_ref: &ActorRef<Self>) {
+    fn deliver_grants(&mut self) {
         while let Some(Grant {
             waiter_id,
             fencing_token,
@@ -98,19 +210,35 @@ impl<K: LockKey> RegistryActor<K> {
                     }
                 }
                 Delivery::Reply(reply) => {
-                    let Some(key) = self.table.table().key_of(waiter_id).cloned() else {
-                        continue;
-                    };
+                    let guard = self.guard_for_reply(waiter_id, fencing_token);
+                    if guard.is_err() {
+                        self.release(waiter_id);
+                    }
                     // If the asker is gone, kameo drops this guard, whose drop sends a
-                    // release: the key passes on one message later.
-                    reply.send(Ok(KeyGuard::new(
-                        key,
-                        waiter_id,
-                        fencing_token,
-                        actor_ref.clone(),
-                    )));
+                    // release: the key passes on one request later.
+                    reply.send(guard);
                 }
             }
+        }
+    }
+
+    /// The guard for a grant made to an `ask(Acquire)`.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] if no handle and no guard is left to send a release with: the
+    /// registry is about to stop.
+    fn guard_for_reply(
+        &self,
+        waiter_id: WaiterId,
+        fencing_token: u64,
+    ) -> Result<KeyGuard<K>, LockError> {
+        let key = self.table.table().key_of(waiter_id).cloned();
+        match (key, self.weak_requests.upgrade()) {
+            (Some(key), Some(requests)) => {
+                Ok(KeyGuard::new(key, waiter_id, fencing_token, requests))
+            }
+            _ => Err(LockError::Closed),
         }
     }
 
@@ -131,8 +259,27 @@ impl<K: LockKey> RegistryActor<K> {
         }
     }
 
-    /// Answers every waiter with `Closed` and empties the table.
+    fn stats(&self) -> RegistryStats {
+        self.table.table().stats().into()
+    }
+
+    /// Stamps the journal's clock before a request changes the table; free when it is off.
+    fn stamp_time(&mut self) {
+        if self.table.is_journaling() {
+            self.table.set_time(self.started.elapsed());
+        }
+    }
+
+    /// Refuses new requests, answers every waiter and every request still queued with
+    /// `Closed`, empties the table and leaves the journal for the handles to read.
     fn close(&mut self) {
+        // From here on, sends fail at once and callers see `Closed`. Requests still queued are
+        // dropped unhandled: dropping a grant channel or a reply tells its caller `Closed`,
+        // and releases and cancels no longer matter once the table is emptied below.
+        self.requests.close();
+        while let Ok(request) = self.requests.try_recv() {
+            drop(request);
+        }
         self.stamp_time();
         let waiters = self.table.shutdown();
         debug!(waiters = waiters.len(), "registry closing");
@@ -145,24 +292,61 @@ impl<K: LockKey> RegistryActor<K> {
                 Delivery::Reply(reply) => reply.send(Err(LockError::Closed)),
             }
         }
+        if self.table.is_journaling() {
+            let _ = self.final_journal.set(self.table.journal());
+        }
     }
 }
 
+/// What woke the actor up.
+enum Wake<K: LockKey> {
+    Mailbox(Option<Signal<RegistryActor<K>>>),
+    Requests(usize),
+}
+
 impl<K: LockKey> Actor for RegistryActor<K> {
-    type Args = RegistryConfig;
+    type Args = RegistryConfig<K>;
     type Error = Infallible;
 
     fn name() -> &'static str {
         "keyed_locks::RegistryActor"
     }
 
-    async fn on_start(config: RegistryConfig, _: ActorRef<Self>) -> Result<Self, Infallible> {
+    async fn on_start(config: RegistryConfig<K>, _: ActorRef<Self>) -> Result<Self, Infallible> {
         Ok(RegistryActor::new(config))
     }
 
-    /// Runs on every stop: shutdown, last reference dropped, panic or kill. Waiters must learn
-    /// now: kameo keeps the stopped actor's state alive in its task's output, so dropping the
-    /// state is not a signal anyone would see soon.
+    /// Serves the request channel in batches, and returns to kameo only for a mailbox signal
+    /// (after draining the request channel, for ordering) or when nobody is left to send.
+    async fn next(
+        &mut self,
+        _: WeakActorRef<Self>,
+        mailbox_rx: &mut MailboxReceiver<Self>,
+    ) -> Result<Option<Signal<Self>>, Infallible> {
+        loop {
+            let wake = tokio::select! {
+                biased;
+                signal = mailbox_rx.recv(), if self.mailbox_open => Wake::Mailbox(signal),
+                received = self.requests.recv_many(&mut self.batch, REQUEST_BATCH) => {
+                    Wake::Requests(received)
+                }
+            };
+            match wake {
+                Wake::Mailbox(Some(signal)) => {
+                    self.drain_requests();
+                    return Ok(Some(signal));
+                }
+                // No `ActorRef` is left, but guards may still send releases.
+                Wake::Mailbox(None) => self.mailbox_open = false,
+                // Every handle and every guard is gone: nobody can send a request again.
+                Wake::Requests(0) => return Ok(None),
+                Wake::Requests(_) => self.handle_batch(),
+            }
+        }
+    }
+
+    /// Runs on every stop: shutdown, last handle and guard gone, panic or kill. Waiters must
+    /// learn now: kameo keeps a stopped actor's state until its task is dropped.
     async fn on_stop(
         &mut self,
         _: WeakActorRef<Self>,
@@ -171,33 +355,6 @@ impl<K: LockKey> Actor for RegistryActor<K> {
         debug!(%reason, "registry actor stopping");
         self.close();
         Ok(())
-    }
-}
-
-impl<K: LockKey> Message<Enqueue<K>> for RegistryActor<K> {
-    type Reply = ();
-
-    async fn handle(&mut self, Enqueue { key, grant }: Enqueue<K>, ctx: &mut Context<Self, ()>) {
-        if grant.is_abandoned() {
-            // The caller gave up before we got here: touch nothing, create no entry.
-            debug!(?key, "acquire withdrawn before it arrived");
-            return;
-        }
-        debug!(?key, "acquire");
-        self.stamp_time();
-        match self.table.acquire(key, Delivery::Channel(grant)) {
-            Acquired::Granted(grant) => self.granted.push(grant),
-            Acquired::Queued(waiter_id) => {
-                // Tell the caller its place, so that giving up becomes a cancel; if it gave up
-                // in the meantime, withdraw it now.
-                if let Some(Delivery::Channel(grant)) = self.table.table().delivery_of(waiter_id)
-                    && grant.queued(waiter_id).is_err()
-                {
-                    self.cancel(waiter_id);
-                }
-            }
-        }
-        self.deliver_grants(ctx.actor_ref());
     }
 }
 
@@ -222,7 +379,7 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
         if let Acquired::Granted(grant) = self.table.acquire(key, Delivery::Reply(reply)) {
             self.granted.push(grant);
         }
-        self.deliver_grants(ctx.actor_ref());
+        self.deliver_grants();
         delegated
     }
 }
@@ -239,43 +396,19 @@ impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
     ) -> Self::Reply {
         debug!(?key, "try acquire");
         self.stamp_time();
-        let reply = match self.table.try_acquire(key.clone()) {
+        let reply = match self.table.try_acquire(key) {
             Ok(grant) => {
-                debug!(?key, fencing_token = grant.fencing_token, "grant");
-                Ok(KeyGuard::new(
-                    key,
-                    grant.waiter_id,
-                    grant.fencing_token,
-                    ctx.actor_ref().clone(),
-                ))
+                debug!(key = ?self.table.table().key_of(grant.waiter_id), "grant");
+                let guard = self.guard_for_reply(grant.waiter_id, grant.fencing_token);
+                if guard.is_err() {
+                    self.release(grant.waiter_id);
+                }
+                guard.map_err(TryLockError::from)
             }
-            Err(_) => {
-                debug!(?key, "would block");
-                Err(TryLockError::WouldBlock)
-            }
+            Err(_) => Err(TryLockError::WouldBlock),
         };
         // With `tell` there is no reply sender: the guard is dropped here and releases.
         ctx.reply(reply)
-    }
-}
-
-impl<K: LockKey> Message<Release> for RegistryActor<K> {
-    type Reply = ();
-
-    async fn handle(&mut self, Release { waiter_id }: Release, ctx: &mut Context<Self, ()>) {
-        self.stamp_time();
-        self.release(waiter_id);
-        self.deliver_grants(ctx.actor_ref());
-    }
-}
-
-impl<K: LockKey> Message<Cancel> for RegistryActor<K> {
-    type Reply = ();
-
-    async fn handle(&mut self, Cancel { waiter_id }: Cancel, _: &mut Context<Self, ()>) {
-        // Cancelling never grants (a queued waiter implies a holder), so nothing to deliver.
-        self.stamp_time();
-        self.cancel(waiter_id);
     }
 }
 
@@ -283,7 +416,7 @@ impl<K: LockKey> Message<GetStats> for RegistryActor<K> {
     type Reply = RegistryStats;
 
     async fn handle(&mut self, _: GetStats, _: &mut Context<Self, RegistryStats>) -> RegistryStats {
-        self.table.table().stats().into()
+        self.stats()
     }
 }
 

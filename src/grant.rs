@@ -11,7 +11,7 @@
 //! | `Sent` (actor has not seen the request) | nothing | skips the request, no entry is made |
 //! | `Queued(id)` | a cancel of `id` | finds `Abandoned` when granting and releases at once |
 //! | `Granted(id, token)` | a release of `id` | — |
-//! | `Closed` | nothing | — |
+//! | `WouldBlock` or `Closed` | nothing | — |
 //!
 //! The actor never learns about a give-up by any other route, and every route ends in exactly
 //! one cancel or one release, so no key can be left held by a waiter that is gone.
@@ -42,9 +42,14 @@ pub(crate) struct Granted {
     pub(crate) fencing_token: u64,
 }
 
-/// The registry stopped before the request was granted.
+/// Why a grant channel resolved without a grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Closed;
+pub(crate) enum NotGranted {
+    /// A try-acquire found the key taken.
+    WouldBlock,
+    /// The registry stopped (or dropped the request) before granting.
+    Closed,
+}
 
 /// The receiver gave up before the grant arrived; the caller must undo the grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +84,8 @@ enum SlotState {
     Received,
     /// The receiver gave up; the actor undoes whatever it does next for this request.
     Abandoned,
+    /// The actor refused a try-acquire: the key was taken.
+    WouldBlock,
     /// The actor will never grant this request.
     Closed,
 }
@@ -90,7 +97,7 @@ fn lock(slot: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
 }
 
 /// The actor's end. Dropping it without granting closes the channel, so a waiter whose request
-/// is lost (actor stopped, message dropped) gets [`Closed`] instead of waiting forever.
+/// is lost (actor stopped, message dropped) gets [`NotGranted::Closed`] instead of waiting forever.
 #[derive(Debug)]
 pub(crate) struct GrantSender {
     slot: Arc<Mutex<Slot>>,
@@ -138,15 +145,20 @@ impl GrantSender {
         }
         Ok(())
     }
-}
 
-impl Drop for GrantSender {
-    fn drop(&mut self) {
+    /// Answers a try-acquire with "the key is taken" and wakes the receiver.
+    pub(crate) fn would_block(self) {
+        self.resolve_unless_granted(SlotState::WouldBlock);
+    }
+
+    /// Moves an unresolved slot to `state` and wakes the receiver; a slot that was granted,
+    /// received or abandoned is left as it is.
+    fn resolve_unless_granted(&self, state: SlotState) {
         let waker = {
             let mut slot = lock(&self.slot);
             match slot.state {
                 SlotState::Sent | SlotState::Queued(_) => {
-                    slot.state = SlotState::Closed;
+                    slot.state = state;
                     slot.waker.take()
                 }
                 _ => None,
@@ -155,6 +167,12 @@ impl Drop for GrantSender {
         if let Some(waker) = waker {
             waker.wake();
         }
+    }
+}
+
+impl Drop for GrantSender {
+    fn drop(&mut self) {
+        self.resolve_unless_granted(SlotState::Closed);
     }
 }
 
@@ -167,14 +185,15 @@ pub(crate) struct GrantReceiver {
 
 impl GrantReceiver {
     /// Polls for the grant.
-    pub(crate) fn poll_grant(&mut self, cx: &mut Context<'_>) -> Poll<Result<Granted, Closed>> {
+    pub(crate) fn poll_grant(&mut self, cx: &mut Context<'_>) -> Poll<Result<Granted, NotGranted>> {
         let mut slot = lock(&self.slot);
         match slot.state {
             SlotState::Granted(granted) => {
                 slot.state = SlotState::Received;
                 Poll::Ready(Ok(granted))
             }
-            SlotState::Closed => Poll::Ready(Err(Closed)),
+            SlotState::Closed => Poll::Ready(Err(NotGranted::Closed)),
+            SlotState::WouldBlock => Poll::Ready(Err(NotGranted::WouldBlock)),
             SlotState::Sent | SlotState::Queued(_) => {
                 match &mut slot.waker {
                     Some(waker) if waker.will_wake(cx.waker()) => {}
@@ -184,7 +203,7 @@ impl GrantReceiver {
             }
             // Polled after completion or after giving up: behave like a closed channel rather
             // than panic.
-            SlotState::Received | SlotState::Abandoned => Poll::Ready(Err(Closed)),
+            SlotState::Received | SlotState::Abandoned => Poll::Ready(Err(NotGranted::Closed)),
         }
     }
 
@@ -196,7 +215,10 @@ impl GrantReceiver {
             SlotState::Sent => Undo::Nothing,
             SlotState::Queued(waiter_id) => Undo::Cancel(waiter_id),
             SlotState::Granted(granted) => Undo::Release(granted.waiter_id),
-            SlotState::Received | SlotState::Abandoned | SlotState::Closed => return Undo::Nothing,
+            SlotState::Received
+            | SlotState::Abandoned
+            | SlotState::WouldBlock
+            | SlotState::Closed => return Undo::Nothing,
         };
         slot.state = SlotState::Abandoned;
         slot.waker = None;
@@ -278,7 +300,19 @@ mod tests {
         sender.queued(waiter(1)).unwrap();
         drop(sender);
         assert!(wait.is_woken());
-        assert_eq!(wait.poll(), Poll::Ready(Err(Closed)));
+        assert_eq!(wait.poll(), Poll::Ready(Err(NotGranted::Closed)));
+    }
+
+    #[test]
+    fn would_block_wakes_the_receiver_and_needs_no_undo() {
+        let (sender, mut receiver) = channel();
+        let mut wait = task::spawn(std::future::poll_fn(|cx| receiver.poll_grant(cx)));
+        assert!(wait.poll().is_pending());
+        sender.would_block();
+        assert!(wait.is_woken());
+        assert_eq!(wait.poll(), Poll::Ready(Err(NotGranted::WouldBlock)));
+        drop(wait);
+        assert_eq!(receiver.abandon(), Undo::Nothing);
     }
 
     #[test]

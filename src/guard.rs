@@ -2,11 +2,8 @@
 
 use std::fmt;
 
-use kameo::actor::ActorRef;
-
 use crate::LockKey;
-use crate::actor::RegistryActor;
-use crate::messages::Release;
+use crate::request::{Request, RequestSender};
 use crate::table::WaiterId;
 
 /// Holds one key of a [`LockRegistry`](crate::LockRegistry) until dropped.
@@ -25,7 +22,7 @@ pub struct KeyGuard<K: LockKey> {
     key: K,
     waiter_id: WaiterId,
     fencing_token: u64,
-    registry: ActorRef<RegistryActor<K>>,
+    requests: RequestSender<K>,
 }
 
 impl<K: LockKey> KeyGuard<K> {
@@ -33,13 +30,13 @@ impl<K: LockKey> KeyGuard<K> {
         key: K,
         waiter_id: WaiterId,
         fencing_token: u64,
-        registry: ActorRef<RegistryActor<K>>,
+        requests: RequestSender<K>,
     ) -> Self {
         KeyGuard {
             key,
             waiter_id,
             fencing_token,
-            registry,
+            requests,
         }
     }
 
@@ -85,14 +82,12 @@ impl<K: LockKey> KeyGuard<K> {
 
 impl<K: LockKey> Drop for KeyGuard<K> {
     fn drop(&mut self) {
-        // The mailbox is unbounded, so this never waits and never fails for lack of room. It
-        // fails only when the registry has stopped, and then there is nothing left to release.
-        let _ = self
-            .registry
-            .tell(Release {
-                waiter_id: self.waiter_id,
-            })
-            .try_send();
+        // The request channel is unbounded, so this never waits and never fails for lack of
+        // room. It fails only when the registry has stopped, and then nothing is left to
+        // release.
+        let _ = self.requests.send(Request::Release {
+            waiter_id: self.waiter_id,
+        });
     }
 }
 

@@ -68,6 +68,7 @@ pub mod journal;
 pub mod messages;
 mod registry;
 pub mod replay;
+mod request;
 mod stats;
 pub mod table;
 pub mod trace;

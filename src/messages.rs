@@ -1,8 +1,18 @@
 //! The messages of the registry actor, for use through [`LockRegistry::actor_ref`].
 //!
-//! Most code should call the methods of [`LockRegistry`] instead: they wrap these messages and
-//! add what a raw `ask` cannot give, such as prompt cleanup when a waiting `lock` is dropped.
-//! The messages are for code that composes actors with kameo directly.
+//! Most code should call the methods of [`LockRegistry`] instead: they are faster (they use the
+//! registry's own request channel rather than kameo's mailbox) and give what a raw `ask`
+//! cannot, such as prompt cleanup when a waiting `lock` is dropped. The messages are for code
+//! that composes actors with kameo directly.
+//!
+//! # Ordering with the handle's calls
+//!
+//! Messages travel on kameo's mailbox, the handle's calls and the guards' releases on the
+//! request channel; each is FIFO. When the registry takes a message from its mailbox, it first
+//! handles every request already sent on the request channel, so whatever happened before the
+//! message, such as a dropped guard, is visible to it. A request sent *after* a message may
+//! still be handled before it: between the two kinds, "arrival" (and so FIFO among waiters)
+//! is the moment the registry takes each one.
 //!
 //! ```
 //! use keyed_locks::{LockRegistry, messages::Acquire};
@@ -22,10 +32,8 @@
 use kameo::error::Infallible;
 use kameo::reply::{Reply, ReplyError};
 
-use crate::grant::GrantSender;
 use crate::journal::Journal;
 use crate::stats::RegistryStats;
-use crate::table::WaiterId;
 
 /// Waits for `key` and replies with its [`KeyGuard`](crate::KeyGuard) once granted (FIFO).
 ///
@@ -88,23 +96,3 @@ macro_rules! plain_reply {
 
 plain_reply!(RegistryStats);
 plain_reply!(Journal<K>, K);
-
-/// Enqueues a [`lock`](crate::LockRegistry::lock) call whose grant goes to `grant`.
-#[derive(Debug)]
-pub(crate) struct Enqueue<K> {
-    pub(crate) key: K,
-    pub(crate) grant: GrantSender,
-}
-
-/// Ends a hold: sent by a [`KeyGuard`](crate::KeyGuard)'s drop, or by a `lock` call dropped
-/// with its grant in flight.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Release {
-    pub(crate) waiter_id: WaiterId,
-}
-
-/// Withdraws a queued `lock` call whose future was dropped.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Cancel {
-    pub(crate) waiter_id: WaiterId,
-}

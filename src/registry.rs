@@ -2,18 +2,19 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock};
 
 use kameo::actor::{ActorRef, Spawn};
-use kameo::error::SendError;
 use kameo::mailbox;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::LockKey;
 use crate::actor::{RegistryActor, RegistryConfig};
 use crate::error::{LockError, TryLockError};
-use crate::grant::{self, GrantReceiver, Undo};
+use crate::grant::{self, GrantReceiver, NotGranted, Undo};
 use crate::guard::KeyGuard;
 use crate::journal::Journal;
-use crate::messages::{Cancel, Enqueue, GetJournal, GetStats, Release, TryAcquire};
+use crate::request::{Request, RequestSender};
 use crate::stats::RegistryStats;
 
 /// A registry of per-key async locks: the handle to one registry actor.
@@ -48,6 +49,9 @@ use crate::stats::RegistryStats;
 /// ```
 pub struct LockRegistry<K: LockKey> {
     actor_ref: ActorRef<RegistryActor<K>>,
+    requests: RequestSender<K>,
+    /// The journal as it was when the actor stopped, if it kept one.
+    final_journal: Arc<OnceLock<Journal<K>>>,
 }
 
 impl<K: LockKey> LockRegistry<K> {
@@ -81,7 +85,7 @@ impl<K: LockKey> LockRegistry<K> {
     /// ```
     pub fn builder() -> RegistryBuilder<K> {
         RegistryBuilder {
-            config: RegistryConfig::default(),
+            journal_capacity: None,
             key: PhantomData,
         }
     }
@@ -124,28 +128,14 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub async fn lock(&self, key: K) -> Result<KeyGuard<K>, LockError> {
-        let (sender, receiver) = grant::channel();
-        // Armed before sending, so that from here on any drop of this future undoes the request.
-        let mut pending = PendingGrant {
-            receiver,
-            registry: &self.actor_ref,
-        };
-        self.actor_ref
-            .tell(Enqueue {
+        let granted = self
+            .request_grant(|grant| Request::Acquire {
                 key: key.clone(),
-                grant: sender,
+                grant,
             })
-            .try_send()
-            .map_err(|_| LockError::Closed)?;
-        let granted = std::future::poll_fn(|cx| pending.receiver.poll_grant(cx))
             .await
             .map_err(|_| LockError::Closed)?;
-        Ok(KeyGuard::new(
-            key,
-            granted.waiter_id,
-            granted.fencing_token,
-            self.actor_ref.clone(),
-        ))
+        Ok(self.guard(key, granted))
     }
 
     /// Takes `key` if it is free right now, without waiting.
@@ -179,11 +169,17 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub async fn try_lock(&self, key: K) -> Result<KeyGuard<K>, TryLockError> {
-        match self.actor_ref.ask(TryAcquire { key }).await {
-            Ok(guard) => Ok(guard),
-            Err(SendError::HandlerError(error)) => Err(error),
-            Err(_) => Err(TryLockError::Closed),
-        }
+        let granted = self
+            .request_grant(|grant| Request::TryAcquire {
+                key: key.clone(),
+                grant,
+            })
+            .await
+            .map_err(|not_granted| match not_granted {
+                NotGranted::WouldBlock => TryLockError::WouldBlock,
+                NotGranted::Closed => TryLockError::Closed,
+            })?;
+        Ok(self.guard(key, granted))
     }
 
     /// The registry's counts, taken after every request sent before this one.
@@ -211,17 +207,15 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub async fn stats(&self) -> Result<RegistryStats, LockError> {
-        self.actor_ref
-            .ask(GetStats)
-            .await
-            .map_err(|_| LockError::Closed)
+        self.ask(|reply| Request::Stats { reply }).await
     }
 
     /// A snapshot of the journal: every table input and output so far, oldest first, up to
     /// the capacity set with [`RegistryBuilder::journal`]. Empty if the registry was built
     /// without a journal.
     ///
-    /// The snapshot is taken after every request sent before this call.
+    /// The snapshot is taken after every request sent before this call. Once the registry has
+    /// stopped, this returns the journal as it was at the stop, `shutdown` included.
     ///
     /// # Cancel safety
     ///
@@ -229,7 +223,7 @@ impl<K: LockKey> LockRegistry<K> {
     ///
     /// # Errors
     ///
-    /// [`LockError::Closed`] if the registry has shut down.
+    /// [`LockError::Closed`] if the registry has stopped and kept no journal.
     ///
     /// # Examples
     ///
@@ -247,10 +241,10 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub async fn journal(&self) -> Result<Journal<K>, LockError> {
-        self.actor_ref
-            .ask(GetJournal)
-            .await
-            .map_err(|_| LockError::Closed)
+        match self.ask(|reply| Request::Journal { reply }).await {
+            Err(LockError::Closed) => self.final_journal.get().cloned().ok_or(LockError::Closed),
+            answer => answer,
+        }
     }
 
     /// Stops the registry and returns once its actor has stopped.
@@ -298,7 +292,7 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub fn is_closed(&self) -> bool {
-        !self.actor_ref.is_alive()
+        self.requests.is_closed() || !self.actor_ref.is_alive()
     }
 
     /// The registry actor, for sending it [`messages`](crate::messages) with kameo directly.
@@ -321,10 +315,56 @@ impl<K: LockKey> LockRegistry<K> {
     }
 }
 
+impl<K: LockKey> LockRegistry<K> {
+    /// Sends the request that `make` builds around a fresh grant channel and waits for the
+    /// grant. Dropping the returned future at any point undoes the request (see
+    /// [`PendingGrant`]).
+    async fn request_grant(
+        &self,
+        make: impl FnOnce(grant::GrantSender) -> Request<K>,
+    ) -> Result<grant::Granted, NotGranted> {
+        let (sender, receiver) = grant::channel();
+        // Armed before sending, so that from here on any drop of this future undoes the request.
+        let mut pending = PendingGrant {
+            receiver,
+            requests: &self.requests,
+        };
+        // A failed send hands the request back, and dropping it closes its grant channel.
+        self.requests
+            .send(make(sender))
+            .map_err(|_| NotGranted::Closed)?;
+        std::future::poll_fn(|cx| pending.receiver.poll_grant(cx)).await
+    }
+
+    /// Sends the request that `make` builds around a reply channel and waits for the reply.
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Request<K>,
+    ) -> Result<T, LockError> {
+        let (reply, answer) = oneshot::channel();
+        self.requests
+            .send(make(reply))
+            .map_err(|_| LockError::Closed)?;
+        // The actor drops the reply unanswered only when it stops.
+        answer.await.map_err(|_| LockError::Closed)
+    }
+
+    fn guard(&self, key: K, granted: grant::Granted) -> KeyGuard<K> {
+        KeyGuard::new(
+            key,
+            granted.waiter_id,
+            granted.fencing_token,
+            self.requests.clone(),
+        )
+    }
+}
+
 impl<K: LockKey> Clone for LockRegistry<K> {
     fn clone(&self) -> Self {
         LockRegistry {
             actor_ref: self.actor_ref.clone(),
+            requests: self.requests.clone(),
+            final_journal: Arc::clone(&self.final_journal),
         }
     }
 }
@@ -338,32 +378,29 @@ impl<K: LockKey> fmt::Debug for LockRegistry<K> {
     }
 }
 
-/// The waiting half of a [`LockRegistry::lock`] call. Dropping it before the grant is received
+/// The waiting half of a `lock` or `try_lock` call. Dropping it before the grant is received
 /// tells the registry what to undo (see [`grant`](crate::grant) for the cases).
-struct PendingGrant<'a, K: LockKey> {
+struct PendingGrant<'a, K> {
     receiver: GrantReceiver,
-    registry: &'a ActorRef<RegistryActor<K>>,
+    requests: &'a RequestSender<K>,
 }
 
-impl<K: LockKey> Drop for PendingGrant<'_, K> {
+impl<K> Drop for PendingGrant<'_, K> {
     fn drop(&mut self) {
-        // Unbounded mailbox: these sends never wait. They fail only if the registry stopped,
+        // Unbounded channel: these sends never wait. They fail only if the registry stopped,
         // and then nothing is left to undo.
-        match self.receiver.abandon() {
-            Undo::Nothing => {}
-            Undo::Cancel(waiter_id) => {
-                let _ = self.registry.tell(Cancel { waiter_id }).try_send();
-            }
-            Undo::Release(waiter_id) => {
-                let _ = self.registry.tell(Release { waiter_id }).try_send();
-            }
-        }
+        let undo = match self.receiver.abandon() {
+            Undo::Nothing => return,
+            Undo::Cancel(waiter_id) => Request::Cancel { waiter_id },
+            Undo::Release(waiter_id) => Request::Release { waiter_id },
+        };
+        let _ = self.requests.send(undo);
     }
 }
 
 /// Builds a [`LockRegistry`] with non-default settings; made by [`LockRegistry::builder`].
 pub struct RegistryBuilder<K: LockKey> {
-    config: RegistryConfig,
+    journal_capacity: Option<usize>,
     key: PhantomData<fn() -> K>,
 }
 
@@ -385,7 +422,7 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// # }
     /// ```
     pub fn journal(mut self, capacity: usize) -> Self {
-        self.config.journal_capacity = Some(capacity);
+        self.journal_capacity = Some(capacity);
         self
     }
 
@@ -408,15 +445,27 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// # }
     /// ```
     pub fn spawn(self) -> LockRegistry<K> {
-        let actor_ref = RegistryActor::spawn_with_mailbox(self.config, mailbox::unbounded());
-        LockRegistry { actor_ref }
+        let (requests, receiver) = mpsc::unbounded_channel();
+        let final_journal = Arc::new(OnceLock::new());
+        let config = RegistryConfig {
+            journal_capacity: self.journal_capacity,
+            requests: receiver,
+            weak_requests: requests.downgrade(),
+            final_journal: Arc::clone(&final_journal),
+        };
+        let actor_ref = RegistryActor::spawn_with_mailbox(config, mailbox::unbounded());
+        LockRegistry {
+            actor_ref,
+            requests,
+            final_journal,
+        }
     }
 }
 
 impl<K: LockKey> fmt::Debug for RegistryBuilder<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegistryBuilder")
-            .field("config", &self.config)
+            .field("journal_capacity", &self.journal_capacity)
             .finish()
     }
 }

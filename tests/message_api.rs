@@ -1,5 +1,7 @@
 //! The message-passing API: `ask(Acquire)` yields the guard once granted, in FIFO order with
-//! `lock`; messages sent with `tell` cannot wedge a key or stop the registry.
+//! `lock` by the moment the registry takes each request; whatever happened before a message
+//! (a dropped guard) is visible to it; messages sent with `tell` cannot wedge a key or stop
+//! the registry.
 
 use keyed_locks::LockRegistry;
 use keyed_locks::messages::{Acquire, GetStats, TryAcquire};
@@ -14,6 +16,8 @@ async fn ask_acquire_yields_the_guard_once_granted() {
 
     let mut second = task::spawn(actor.ask(Acquire { key: "k" }).into_future());
     assert_pending!(second.poll());
+    // The mailbox is FIFO: once this answers, the second request has been taken and queued.
+    actor.ask(GetStats).await.unwrap();
     let mut third = task::spawn(registry.lock("k"));
     assert_pending!(third.poll());
     drop(guard);
@@ -35,6 +39,18 @@ async fn tell_acquire_and_tell_try_acquire_leave_nothing_and_keep_the_registry_u
     assert_eq!((stats.keys, stats.held), (1, 1));
     drop(held);
     assert_eq!(registry.stats().await.unwrap().keys, 0);
+}
+
+#[tokio::test]
+async fn a_release_before_a_message_is_visible_to_it() {
+    let registry = LockRegistry::spawn();
+    for key in 0..100 {
+        let guard = registry.lock(key).await.unwrap();
+        drop(guard);
+        let stats = registry.actor_ref().ask(GetStats).await.unwrap();
+        assert_eq!(stats.keys, 0);
+        drop(registry.actor_ref().ask(TryAcquire { key }).await.unwrap());
+    }
 }
 
 #[tokio::test]
