@@ -10,9 +10,13 @@
 //! Finished request for 42
 //! Remaining locks in memory: 0
 //! ```
+//!
+//! With `-- --trace PATH` it also records what the registry saw and did, and writes it to
+//! `PATH` as a trace; draw it with `cargo run --example timeline -- PATH --svg timeline.svg`.
 
 use std::time::Duration;
 
+use keyed_locks::trace::{IntegerKeys, write_trace};
 use keyed_locks::{LockError, LockRegistry};
 
 async fn send_request(user_id: u64) {
@@ -29,7 +33,16 @@ async fn process(registry: LockRegistry<u64>, user_id: u64) -> Result<(), LockEr
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let registry = LockRegistry::spawn();
+    let trace_path = match std::env::args().skip(1).collect::<Vec<_>>().as_slice() {
+        [] => None,
+        [flag, path] if flag == "--trace" => Some(path.clone()),
+        _ => return Err("usage: quickstart [--trace PATH]".into()),
+    };
+    let mut builder = LockRegistry::builder();
+    if trace_path.is_some() {
+        builder = builder.journal(10_000);
+    }
+    let registry = builder.spawn();
 
     let first = tokio::spawn(process(registry.clone(), 42));
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -41,5 +54,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "Remaining locks in memory: {}",
         registry.stats().await?.keys
     );
+
+    if let Some(path) = trace_path {
+        // Read the journal while the registry runs: a stopped one has none to give.
+        let journal = registry.journal().await?;
+        std::fs::write(&path, write_trace(&journal, &IntegerKeys))?;
+        eprintln!("Wrote {} journal events to {path}", journal.entries.len());
+    }
     Ok(())
 }

@@ -1,0 +1,416 @@
+//! From a journal to what the picture shows: one lane per key, with its holds and its waits as
+//! bars between two moments.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use keyed_locks::journal::{Journal, JournalEvent};
+use keyed_locks::table::WaiterId;
+
+/// A point of the journal: its sequence number and its time since the registry started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moment {
+    pub seq: u64,
+    pub at: Duration,
+}
+
+/// What a bar shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BarKind {
+    /// The waiter held the key under this token.
+    Hold { fencing_token: u64 },
+    /// The waiter was queued.
+    Wait,
+}
+
+/// How a bar ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// A wait that ended in a grant.
+    Granted,
+    /// A hold that ended in a release.
+    Released,
+    /// A wait the waiter gave up.
+    Cancelled,
+    /// A wait, or a hold, ended by the registry's shutdown.
+    Shutdown,
+    /// Still going when the journal ends.
+    Open,
+}
+
+/// One hold or one wait of one waiter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bar {
+    pub waiter: WaiterId,
+    pub kind: BarKind,
+    pub start: Moment,
+    pub end: Moment,
+    pub ending: Ending,
+}
+
+/// One key: its holds on one row, its waits packed on as few rows as do not overlap.
+#[derive(Debug, Default)]
+pub struct Lane {
+    /// The key as the trace writes it.
+    pub key: String,
+    pub holds: Vec<Bar>,
+    pub wait_rows: Vec<Vec<Bar>>,
+}
+
+/// Everything to draw.
+#[derive(Debug)]
+pub struct Timeline {
+    /// In order of the keys' first appearance in the journal.
+    pub lanes: Vec<Lane>,
+    pub shutdowns: Vec<Moment>,
+    pub first: Moment,
+    pub last: Moment,
+    /// Events the journal lost before its first entry (see `Journal::dropped`).
+    pub dropped: u64,
+}
+
+impl Timeline {
+    /// The number of bars, holds and waits.
+    pub fn bar_count(&self) -> usize {
+        self.lanes
+            .iter()
+            .map(|lane| lane.holds.len() + lane.wait_rows.iter().map(Vec::len).sum::<usize>())
+            .sum()
+    }
+
+    /// What is drawn, in words: "1 key, 2 holds, 1 wait".
+    pub fn counts(&self) -> String {
+        let holds: usize = self.lanes.iter().map(|lane| lane.holds.len()).sum();
+        let waits = self.bar_count() - holds;
+        let plural = |count: usize, noun: &str| match count {
+            1 => format!("1 {noun}"),
+            _ => format!("{count} {noun}s"),
+        };
+        format!(
+            "{}, {}, {}",
+            plural(self.lanes.len(), "key"),
+            plural(holds, "hold"),
+            plural(waits, "wait")
+        )
+    }
+}
+
+/// An acquirer between the event that started its current bar and the one that ends it.
+struct Open {
+    lane: usize,
+    since: Moment,
+    kind: BarKind,
+}
+
+/// Turns `journal` into lanes, naming each key by `key_label`.
+///
+/// The journal is read as it is, not checked: an event about a waiter the journal never
+/// showed arriving (it arrived before the oldest retained event, or the trace was edited)
+/// draws nothing, and a refused call draws nothing either, since it changed nothing.
+pub fn timeline_of<K>(journal: &Journal<K>, key_label: impl Fn(&K) -> String) -> Timeline {
+    let mut lanes: Vec<Lane> = Vec::new();
+    let mut lane_of_key: HashMap<String, usize> = HashMap::new();
+    let mut lane_index = |key: &K| {
+        let label = key_label(key);
+        *lane_of_key.entry(label.clone()).or_insert_with(|| {
+            lanes.push(Lane {
+                key: label,
+                ..Lane::default()
+            });
+            lanes.len() - 1
+        })
+    };
+    // Ordered by id so that bars still open at the end come out in the same order every run.
+    let mut open: BTreeMap<WaiterId, Open> = BTreeMap::new();
+    let mut bars: Vec<(usize, Bar)> = Vec::new();
+    let mut shutdowns = Vec::new();
+    // A try_acquire's grant names a waiter that never arrived: the key is the try's.
+    let mut try_acquire_lane = None;
+    let close = |bars: &mut Vec<(usize, Bar)>, waiter, open: Open, end, ending| {
+        bars.push((
+            open.lane,
+            Bar {
+                waiter,
+                kind: open.kind,
+                start: open.since,
+                end,
+                ending,
+            },
+        ));
+    };
+
+    for entry in &journal.entries {
+        let now = Moment {
+            seq: entry.seq,
+            at: entry.at,
+        };
+        let pending_try = try_acquire_lane.take();
+        match &entry.event {
+            JournalEvent::Acquire { waiter, key } => {
+                let lane = lane_index(key);
+                open.insert(
+                    *waiter,
+                    Open {
+                        lane,
+                        since: now,
+                        kind: BarKind::Wait,
+                    },
+                );
+            }
+            JournalEvent::TryAcquire { key } => try_acquire_lane = Some(lane_index(key)),
+            JournalEvent::Grant {
+                waiter,
+                fencing_token,
+            } => {
+                let hold = BarKind::Hold {
+                    fencing_token: *fencing_token,
+                };
+                let lane = match open.remove(waiter) {
+                    Some(wait) if wait.kind == BarKind::Wait => {
+                        let lane = wait.lane;
+                        // A grant right after its acquire found the key free: no wait to draw.
+                        if wait.since.seq.checked_add(1) != Some(now.seq) {
+                            close(&mut bars, *waiter, wait, now, Ending::Granted);
+                        }
+                        Some(lane)
+                    }
+                    // A grant to a holder makes no sense; keep the hold it had.
+                    Some(holding) => {
+                        open.insert(*waiter, holding);
+                        None
+                    }
+                    None => pending_try,
+                };
+                if let Some(lane) = lane {
+                    open.insert(
+                        *waiter,
+                        Open {
+                            lane,
+                            since: now,
+                            kind: hold,
+                        },
+                    );
+                }
+            }
+            JournalEvent::Release { waiter } => {
+                if let Some(holding) = open.remove(waiter) {
+                    if matches!(holding.kind, BarKind::Hold { .. }) {
+                        close(&mut bars, *waiter, holding, now, Ending::Released);
+                    } else {
+                        // Releasing a queued waiter is refused: it goes on waiting.
+                        open.insert(*waiter, holding);
+                    }
+                }
+            }
+            JournalEvent::Cancel { waiter } => {
+                if let Some(waiting) = open.remove(waiter) {
+                    if waiting.kind == BarKind::Wait {
+                        close(&mut bars, *waiter, waiting, now, Ending::Cancelled);
+                    } else {
+                        // Cancelling a holder is refused: it goes on holding.
+                        open.insert(*waiter, waiting);
+                    }
+                }
+            }
+            JournalEvent::Shutdown => {
+                shutdowns.push(now);
+                // Holders are forgotten now; waiters get a `closed` event each, next.
+                let holders: Vec<WaiterId> = open
+                    .iter()
+                    .filter(|(_, bar)| bar.kind != BarKind::Wait)
+                    .map(|(waiter, _)| *waiter)
+                    .collect();
+                for waiter in holders {
+                    if let Some(holding) = open.remove(&waiter) {
+                        close(&mut bars, waiter, holding, now, Ending::Shutdown);
+                    }
+                }
+            }
+            JournalEvent::Closed { waiter } => {
+                if let Some(waiting) = open.remove(waiter) {
+                    close(&mut bars, *waiter, waiting, now, Ending::Shutdown);
+                }
+            }
+            // Would-blocks and refusals change nothing; later kinds of event are not drawn.
+            _ => {}
+        }
+    }
+
+    let zero = Moment {
+        seq: journal.dropped,
+        at: Duration::ZERO,
+    };
+    let first = journal.entries.first().map_or(zero, |entry| Moment {
+        seq: entry.seq,
+        at: entry.at,
+    });
+    let last = journal.entries.last().map_or(zero, |entry| Moment {
+        seq: entry.seq,
+        at: entry.at,
+    });
+    for (waiter, still_open) in std::mem::take(&mut open) {
+        close(&mut bars, waiter, still_open, last, Ending::Open);
+    }
+
+    bars.sort_by_key(|(_, bar)| (bar.start.seq, bar.end.seq));
+    for (lane, bar) in bars {
+        match bar.kind {
+            BarKind::Hold { .. } => lanes[lane].holds.push(bar),
+            BarKind::Wait => place_wait(&mut lanes[lane].wait_rows, bar),
+        }
+    }
+    Timeline {
+        lanes,
+        shutdowns,
+        first,
+        last,
+        dropped: journal.dropped,
+    }
+}
+
+/// Puts `bar` on the first row where it overlaps nothing, or on a new row. Bars arrive sorted
+/// by start, so this packs as tightly as possible.
+fn place_wait(rows: &mut Vec<Vec<Bar>>, bar: Bar) {
+    let free_row = rows
+        .iter_mut()
+        .find(|row| row.last().is_none_or(|last| last.end.seq < bar.start.seq));
+    match free_row {
+        Some(row) => row.push(bar),
+        None => rows.push(vec![bar]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keyed_locks::trace::{IntegerKeys, parse_trace};
+
+    fn timeline(trace: &str) -> Timeline {
+        let journal = parse_trace::<u64, _>(trace, &IntegerKeys).expect("a valid trace");
+        timeline_of(&journal, u64::to_string)
+    }
+
+    fn shape(bars: &[Bar]) -> Vec<(BarKind, u64, u64, Ending)> {
+        bars.iter()
+            .map(|bar| (bar.kind, bar.start.seq, bar.end.seq, bar.ending))
+            .collect()
+    }
+
+    const HOLD_1: BarKind = BarKind::Hold { fencing_token: 1 };
+    const HOLD_2: BarKind = BarKind::Hold { fencing_token: 2 };
+
+    #[test]
+    fn a_wait_runs_from_arrival_to_grant_and_a_hold_from_grant_to_release() {
+        let timeline = timeline(
+            "1 +0.000000s acquire w1v1 42\n\
+             2 +0.000000s grant w1v1 1\n\
+             3 +0.010000s acquire w2v1 42\n\
+             4 +0.500000s release w1v1\n\
+             5 +0.500000s grant w2v1 2\n\
+             6 +1.000000s release w2v1\n",
+        );
+        assert_eq!(timeline.lanes.len(), 1);
+        let lane = &timeline.lanes[0];
+        assert_eq!(lane.key, "42");
+        assert_eq!(
+            shape(&lane.holds),
+            [
+                (HOLD_1, 2, 4, Ending::Released),
+                (HOLD_2, 5, 6, Ending::Released)
+            ]
+        );
+        assert_eq!(lane.wait_rows.len(), 1);
+        assert_eq!(
+            shape(&lane.wait_rows[0]),
+            [(BarKind::Wait, 3, 5, Ending::Granted)]
+        );
+        assert_eq!(lane.wait_rows[0][0].end.at, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn a_cancelled_wait_ends_at_the_cancel_and_a_refused_cancel_ends_nothing() {
+        let timeline = timeline(
+            "1 +0.000000s acquire w1v1 7\n\
+             2 +0.000000s grant w1v1 1\n\
+             3 +0.000000s acquire w2v1 7\n\
+             4 +0.000000s cancel w1v1\n\
+             5 +0.000000s refused w1v1 not_waiting\n\
+             6 +0.000000s cancel w2v1\n\
+             7 +0.000000s release w1v1\n",
+        );
+        let lane = &timeline.lanes[0];
+        assert_eq!(shape(&lane.holds), [(HOLD_1, 2, 7, Ending::Released)]);
+        assert_eq!(
+            shape(&lane.wait_rows[0]),
+            [(BarKind::Wait, 3, 6, Ending::Cancelled)]
+        );
+    }
+
+    #[test]
+    fn shutdown_ends_holds_and_closes_waits() {
+        let timeline = timeline(
+            "1 +0.000000s acquire w1v1 7\n\
+             2 +0.000000s grant w1v1 1\n\
+             3 +0.000000s acquire w2v1 7\n\
+             4 +0.000000s shutdown\n\
+             5 +0.000000s closed w2v1\n",
+        );
+        let lane = &timeline.lanes[0];
+        assert_eq!(shape(&lane.holds), [(HOLD_1, 2, 4, Ending::Shutdown)]);
+        assert_eq!(
+            shape(&lane.wait_rows[0]),
+            [(BarKind::Wait, 3, 5, Ending::Shutdown)]
+        );
+        assert_eq!(timeline.shutdowns.len(), 1);
+    }
+
+    #[test]
+    fn a_try_acquire_grant_holds_its_key_without_waiting_and_would_block_draws_nothing() {
+        let timeline = timeline(
+            "1 +0.000000s try_acquire 3\n\
+             2 +0.000000s grant w1v1 1\n\
+             3 +0.000000s try_acquire 3\n\
+             4 +0.000000s would_block 3\n",
+        );
+        let lane = &timeline.lanes[0];
+        assert_eq!(
+            (lane.key.as_str(), shape(&lane.holds)),
+            ("3", vec![(HOLD_1, 2, 4, Ending::Open)])
+        );
+        assert!(lane.wait_rows.is_empty());
+    }
+
+    #[test]
+    fn overlapping_waits_go_on_separate_rows_and_later_ones_reuse_free_rows() {
+        let timeline = timeline(
+            "1 +0.000000s acquire w1v1 5\n\
+             2 +0.000000s grant w1v1 1\n\
+             3 +0.000000s acquire w2v1 5\n\
+             4 +0.000000s acquire w3v1 5\n\
+             5 +0.000000s cancel w2v1\n\
+             6 +0.000000s acquire w4v1 5\n",
+        );
+        let rows: Vec<Vec<u64>> = timeline.lanes[0]
+            .wait_rows
+            .iter()
+            .map(|row| row.iter().map(|bar| bar.start.seq).collect())
+            .collect();
+        assert_eq!(rows, [vec![3, 6], vec![4]]);
+    }
+
+    #[test]
+    fn keys_get_lanes_in_order_of_first_appearance() {
+        let timeline = timeline(
+            "1 +0.000000s acquire w1v1 9\n\
+             2 +0.000000s grant w1v1 1\n\
+             3 +0.000000s acquire w2v1 2\n\
+             4 +0.000000s grant w2v1 2\n",
+        );
+        let keys: Vec<&str> = timeline
+            .lanes
+            .iter()
+            .map(|lane| lane.key.as_str())
+            .collect();
+        assert_eq!(keys, ["9", "2"]);
+    }
+}
