@@ -65,7 +65,9 @@ const TOMBSTONE_SLACK: usize = 16;
 
 /// The pure, synchronous per-key lock state machine. See the [module docs](self).
 pub struct LockTable<K, D> {
-    entries: HashMap<K, Entry>,
+    /// Keyed with foldhash, several times faster than std's SipHash on the short keys locks
+    /// use (ARCHITECTURE.md, "Performance").
+    entries: HashMap<K, Entry, foldhash::fast::RandomState>,
     records: SlotMap<WaiterId, Record<K, D>>,
     next_fencing_token: u64,
     /// Entries with a holder (invariant 7).
@@ -207,7 +209,7 @@ where
     /// An empty table whose first grant carries fencing token 1.
     pub fn new() -> Self {
         LockTable {
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             records: SlotMap::with_key(),
             next_fencing_token: 1,
             held_keys: 0,
@@ -304,7 +306,10 @@ where
         }
         // Granting shortens the queue by one but lowers the bound of invariant 6 by two.
         compact_queue(entry, &self.records);
-        self.remove_if_unused(&record.key);
+        // Invariant 1: the entry goes in the same step as its last holder or waiter.
+        if entry.holders_and_waiters() == 0 {
+            self.entries.remove(&record.key);
+        }
         Ok(record.key)
     }
 
@@ -339,12 +344,14 @@ where
         if let Some(entry) = self.entries.get_mut(&key) {
             entry.waiters -= 1;
             compact_queue(entry, &self.records);
+            // Invariant 5 says the key still has its holder, so the entry stays; this only
+            // matters if that invariant were ever broken.
+            if entry.holders_and_waiters() == 0 {
+                self.entries.remove(&key);
+            }
         } else {
             debug_assert!(false, "invariant 1: waiter without entry");
         }
-        // Invariant 5 says the key still has its holder, so the entry stays; this call only
-        // matters if that invariant were ever broken.
-        self.remove_if_unused(&key);
         Ok((key, delivery))
     }
 
@@ -482,17 +489,6 @@ where
             );
         }
         Ok(())
-    }
-
-    /// Removes `key`'s entry if nothing refers to it any more (invariant 1).
-    fn remove_if_unused(&mut self, key: &K) {
-        if self
-            .entries
-            .get(key)
-            .is_some_and(|entry| entry.holders_and_waiters() == 0)
-        {
-            self.entries.remove(key);
-        }
     }
 }
 
