@@ -173,19 +173,15 @@ impl<K: LockKey> RegistryActor<K> {
         debug!(?key, "try acquire");
         self.stamp_time();
         match self.table.try_acquire(key) {
-            Ok(granted) => {
-                let waiter_id = granted.waiter_id;
-                debug!(key = ?self.table.table().key_of(waiter_id), "grant");
-                let granted = Granted {
-                    waiter_id,
-                    fencing_token: granted.fencing_token,
-                };
-                if grant.grant(granted).is_err() {
-                    self.release(waiter_id);
-                }
-            }
+            // Delivered like any grant, so a caller that gave up meanwhile releases it at once.
+            Ok(granted) => self.granted.push(Grant {
+                waiter_id: granted.waiter_id,
+                fencing_token: granted.fencing_token,
+                delivery: Delivery::Channel(grant),
+            }),
             Err(_) => grant.would_block(),
         }
+        self.deliver_grants();
     }
 
     /// Delivers every pending grant. A grant whose waiter gave up is released on the spot,
