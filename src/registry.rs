@@ -428,9 +428,9 @@ impl<K: LockKey> RegistryBuilder<K> {
 
     /// Spawns the registry actor on the current tokio runtime.
     ///
-    /// The actor's mailbox is unbounded, so that a guard's drop never waits and never loses
-    /// its release. It runs without supervision and is never restarted (see
-    /// [`RegistryActor`]).
+    /// The actor's request channel and mailbox are unbounded, so that a guard's drop never
+    /// waits and never loses its release. It runs without supervision and is never restarted
+    /// (see [`RegistryActor`]).
     ///
     /// # Panics
     ///
