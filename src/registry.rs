@@ -297,6 +297,10 @@ impl<K: LockKey> LockRegistry<K> {
 
     /// The registry actor, for sending it [`messages`](crate::messages) with kameo directly.
     ///
+    /// A clone of this `ActorRef` does not keep the registry running on its own: the registry
+    /// stops once every [`LockRegistry`] handle and every guard is gone, and messages sent after
+    /// that fail with kameo's `ActorNotRunning`. Keep a handle for as long as you send messages.
+    ///
     /// # Examples
     ///
     /// ```
