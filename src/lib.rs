@@ -55,7 +55,7 @@
 //! - **Across processes or machines**: this registry lives in one process. Use a database or
 //!   a lease service (and check the fencing token at the resource).
 //! - **Throughput above all**: every lock is a round trip to one actor. On the repository's
-//!   benchmarks the mutex-map crates do 1.4× to 6.4× more lock/unlock pairs per second; the
+//!   benchmarks the best mutex-map crate does 1.4× to 6.4× more lock/unlock pairs per second; the
 //!   README has the figures and the command that measures them.
 
 #![forbid(unsafe_code)]
