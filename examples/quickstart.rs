@@ -56,7 +56,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     if let Some(path) = trace_path {
-        // Read the journal while the registry runs: a stopped one has none to give.
         let journal = registry.journal().await?;
         std::fs::write(&path, write_trace(&journal, &IntegerKeys))?;
         eprintln!("Wrote {} journal events to {path}", journal.entries.len());
