@@ -155,3 +155,31 @@ fn a_scripted_run_under_paused_time_gives_the_same_journal_twice() {
     );
     assert_eq!(first, second);
 }
+
+#[tokio::test]
+async fn the_journal_stays_readable_after_shutdown_and_ends_with_it() {
+    let registry = LockRegistry::builder().journal(100).spawn();
+    let holder = registry.lock(1).await.unwrap();
+    let mut waiter = task::spawn(registry.lock(1));
+    assert_pending!(waiter.poll());
+    registry.stats().await.unwrap();
+    registry.shutdown().await;
+
+    let journal = registry.journal().await.unwrap();
+    let tail: Vec<_> = journal
+        .entries
+        .iter()
+        .rev()
+        .take(2)
+        .map(|e| &e.event)
+        .collect();
+    assert!(
+        matches!(
+            tail[..],
+            [JournalEvent::Closed { .. }, JournalEvent::Shutdown]
+        ),
+        "{tail:?}"
+    );
+    assert!(keyed_locks::replay::verify(&journal).is_ok());
+    drop(holder);
+}
