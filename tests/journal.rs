@@ -1,6 +1,7 @@
 //! The journal records every table input and output in order, with sequence numbers and
 //! times, in a bounded ring that counts what it dropped; it is empty when turned off; and a
-//! scripted run under paused time gives the same journal every time.
+//! scripted run under paused time gives the same journal every time. After a shutdown it stays
+//! readable and ends with the shutdown.
 
 use std::time::Duration;
 
