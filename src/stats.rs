@@ -1,9 +1,11 @@
 //! [`RegistryStats`], the registry's counts at one instant.
-
-use crate::table::TableStats;
+//!
+//! A plain value with no runtime in it: the pure [`LockTable`](crate::table::LockTable)
+//! computes it, and the registry hands it out unchanged.
 
 /// The registry's counts at one instant, as returned by
-/// [`LockRegistry::stats`](crate::LockRegistry::stats).
+/// [`LockRegistry::stats`](crate::LockRegistry::stats) and
+/// [`LockTable::stats`](crate::table::LockTable::stats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct RegistryStats {
@@ -16,15 +18,4 @@ pub struct RegistryStats {
     pub waiting: usize,
     /// Grants since the registry started; equal to the last fencing token handed out.
     pub grants: u64,
-}
-
-impl From<TableStats> for RegistryStats {
-    fn from(stats: TableStats) -> Self {
-        RegistryStats {
-            keys: stats.keys,
-            held: stats.held,
-            waiting: stats.waiting,
-            grants: stats.grants,
-        }
-    }
 }

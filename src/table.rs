@@ -50,6 +50,8 @@ use std::hash::Hash;
 
 use slotmap::{SlotMap, new_key_type};
 
+use crate::stats::RegistryStats;
+
 new_key_type! {
     /// Identifies one acquirer, from arrival until release or cancellation.
     ///
@@ -195,20 +197,6 @@ impl fmt::Display for WaiterError {
 }
 
 impl std::error::Error for WaiterError {}
-
-/// Counts read off a [`LockTable`] at one instant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct TableStats {
-    /// Entries in the map: keys with a holder or a waiter.
-    pub keys: usize,
-    /// Keys currently held.
-    pub held: usize,
-    /// Acquirers queued and not yet granted.
-    pub waiting: usize,
-    /// Grants so far; also the last fencing token handed out.
-    pub grants: u64,
-}
 
 /// A broken invariant, found by [`LockTable::check_invariants`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -426,8 +414,8 @@ where
     }
 
     /// Counts at this instant, in O(1).
-    pub fn stats(&self) -> TableStats {
-        TableStats {
+    pub fn stats(&self) -> RegistryStats {
+        RegistryStats {
             keys: self.entries.len(),
             held: self.held_keys,
             waiting: self.waiting,

@@ -706,7 +706,7 @@ fn shutdown_returns_every_waiter_delivery_once_and_empties_table() {
     );
     assert_eq!(
         table.stats(),
-        TableStats {
+        RegistryStats {
             keys: 0,
             held: 0,
             waiting: 0,
@@ -888,9 +888,9 @@ impl Model {
         self.last_token
     }
 
-    fn stats(&self) -> TableStats {
+    fn stats(&self) -> RegistryStats {
         let live = |key: &&ModelKey| key.holder.is_some() || !key.waiters.is_empty();
-        TableStats {
+        RegistryStats {
             keys: self.keys.iter().filter(live).count(),
             held: self.keys.iter().filter(|key| key.holder.is_some()).count(),
             waiting: self.keys.iter().map(|key| key.waiters.len()).sum(),
