@@ -209,9 +209,6 @@ impl<K: LockKey> RegistryActor<K> {
                 }
                 Delivery::Reply(reply) => {
                     let guard = self.guard_for_reply(waiter_id, fencing_token);
-                    if guard.is_err() {
-                        self.release(waiter_id);
-                    }
                     // If the asker is gone, kameo drops this guard, whose drop sends a
                     // release: the key passes on one request later.
                     reply.send(guard);
@@ -220,14 +217,15 @@ impl<K: LockKey> RegistryActor<K> {
         }
     }
 
-    /// The guard for a grant made to an `ask(Acquire)`.
+    /// The guard for a grant made to a kameo `ask`.
     ///
     /// # Errors
     ///
     /// [`LockError::Closed`] if no handle and no guard is left to send a release with: the
-    /// registry is about to stop.
+    /// registry is about to stop. The grant is released here, so no key stays held by a
+    /// guard that was never made.
     fn guard_for_reply(
-        &self,
+        &mut self,
         waiter_id: WaiterId,
         fencing_token: u64,
     ) -> Result<KeyGuard<K>, LockError> {
@@ -236,7 +234,10 @@ impl<K: LockKey> RegistryActor<K> {
             (Some(key), Some(requests)) => {
                 Ok(KeyGuard::new(key, waiter_id, fencing_token, requests))
             }
-            _ => Err(LockError::Closed),
+            _ => {
+                self.release(waiter_id);
+                Err(LockError::Closed)
+            }
         }
     }
 
@@ -258,7 +259,7 @@ impl<K: LockKey> RegistryActor<K> {
     }
 
     fn stats(&self) -> RegistryStats {
-        self.table.table().stats().into()
+        self.table.table().stats()
     }
 
     /// Stamps the journal's clock before a request changes the table; free when it is off.
@@ -412,11 +413,8 @@ impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
         let reply = match self.table.try_acquire(key) {
             Ok(grant) => {
                 debug!(key = ?self.table.table().key_of(grant.waiter_id), "grant");
-                let guard = self.guard_for_reply(grant.waiter_id, grant.fencing_token);
-                if guard.is_err() {
-                    self.release(grant.waiter_id);
-                }
-                guard.map_err(TryLockError::from)
+                self.guard_for_reply(grant.waiter_id, grant.fencing_token)
+                    .map_err(TryLockError::from)
             }
             Err(_) => Err(TryLockError::WouldBlock),
         };
