@@ -240,6 +240,22 @@ struct Leftovers {
     bytes: i64,
 }
 
+/// What a storm left behind once it is over: entries the contender still counts, and heap
+/// since `before`. Closes the contender afterwards.
+async fn leftovers<C: Contender>(contender: &C, before: Heap, cancelled: usize) -> Leftovers {
+    let entries = contender.entries().await;
+    // Give background frees (timer entries, actor work) a moment, as before the baseline.
+    quiesce().await;
+    let (bytes, blocks) = Heap::now().since(before);
+    contender.close().await;
+    Leftovers {
+        cancelled,
+        entries,
+        blocks,
+        bytes,
+    }
+}
+
 /// Every key held, one `lock` per key under a timeout that expires while the key is held,
 /// then every holder releases.
 fn timeout_storm<C: Contender>(runtime: &tokio::runtime::Runtime) -> Leftovers {
@@ -266,17 +282,7 @@ fn timeout_storm<C: Contender>(runtime: &tokio::runtime::Runtime) -> Leftovers {
             cancelled += usize::from(task.await.expect("storm task panicked"));
         }
         drop(holders);
-        let entries = contender.entries().await;
-        // Give background frees (timer entries, actor work) a moment, as before the baseline.
-        quiesce().await;
-        let (bytes, blocks) = Heap::now().since(before);
-        contender.close().await;
-        Leftovers {
-            cancelled,
-            entries,
-            blocks,
-            bytes,
-        }
+        leftovers(&*contender, before, cancelled).await
     })
 }
 
@@ -316,17 +322,7 @@ fn abort_storm<C: Contender>() -> Leftovers {
         for task in tasks {
             cancelled += usize::from(task.await.is_err_and(|error| error.is_cancelled()));
         }
-        let entries = contender.entries().await;
-        // Give background frees (timer entries, actor work) a moment, as before the baseline.
-        quiesce().await;
-        let (bytes, blocks) = Heap::now().since(before);
-        contender.close().await;
-        Leftovers {
-            cancelled,
-            entries,
-            blocks,
-            bytes,
-        }
+        leftovers(&*contender, before, cancelled).await
     })
 }
 

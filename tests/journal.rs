@@ -86,13 +86,7 @@ async fn a_refused_release_is_recorded_as_refused() {
     drop(holder);
     drop(waiter);
     let journal = registry.journal().await.unwrap();
-    let tail: Vec<_> = journal
-        .entries
-        .iter()
-        .rev()
-        .take(2)
-        .map(|e| &e.event)
-        .collect();
+    let tail = last_events(&journal, 2);
     assert!(
         matches!(
             tail[..],
@@ -106,6 +100,17 @@ async fn a_refused_release_is_recorded_as_refused() {
         ),
         "{tail:?}"
     );
+}
+
+/// The last `count` events of `journal`, newest first.
+fn last_events<K>(journal: &Journal<K>, count: usize) -> Vec<&JournalEvent<K>> {
+    journal
+        .entries
+        .iter()
+        .rev()
+        .take(count)
+        .map(|e| &e.event)
+        .collect()
 }
 
 /// A scripted scenario with timeouts and several tasks, on tokio's paused clock.
@@ -167,13 +172,7 @@ async fn the_journal_stays_readable_after_shutdown_and_ends_with_it() {
     registry.shutdown().await;
 
     let journal = registry.journal().await.unwrap();
-    let tail: Vec<_> = journal
-        .entries
-        .iter()
-        .rev()
-        .take(2)
-        .map(|e| &e.event)
-        .collect();
+    let tail = last_events(&journal, 2);
     assert!(
         matches!(
             tail[..],
