@@ -30,6 +30,7 @@ use crate::guard::KeyGuard;
 use crate::journal::{Journal, JournaledTable};
 use crate::messages::{Acquire, GetJournal, GetStats, TryAcquire};
 use crate::request::{Request, RequestReceiver, WeakRequestSender};
+use crate::shard::ShardRouter;
 use crate::stats::RegistryStats;
 use crate::table::{Acquired, Grant, WaiterId};
 
@@ -62,6 +63,10 @@ pub struct RegistryActor<K: LockKey> {
     mailbox_open: bool,
     /// Where the journal is left when the actor stops, for reading after a shutdown.
     final_journal: Arc<OnceLock<Journal<K>>>,
+    /// Which shard of the registry this actor is.
+    shard: usize,
+    /// Which keys this shard owns, and how its table's tokens become the registry's.
+    router: ShardRouter,
 }
 
 /// How a grant reaches its waiter.
@@ -82,6 +87,8 @@ pub struct RegistryConfig<K> {
     pub(crate) requests: RequestReceiver<K>,
     pub(crate) weak_requests: WeakRequestSender<K>,
     pub(crate) final_journal: Arc<OnceLock<Journal<K>>>,
+    pub(crate) shard: usize,
+    pub(crate) router: ShardRouter,
 }
 
 impl<K: LockKey> RegistryActor<K> {
@@ -98,7 +105,20 @@ impl<K: LockKey> RegistryActor<K> {
             weak_requests: config.weak_requests,
             mailbox_open: true,
             final_journal: config.final_journal,
+            shard: config.shard,
+            router: config.router,
         }
+    }
+
+    /// The fencing token a guard shows for this shard's table token (see [`crate::shard`]).
+    fn registry_token(&self, table_token: u64) -> u64 {
+        self.router.registry_token(self.shard, table_token)
+    }
+
+    /// Whether `key` belongs to this shard. Requests from the handle always do; a kameo
+    /// message may have been sent to the wrong shard.
+    fn owns(&self, key: &K) -> bool {
+        self.router.shard_of(key) == self.shard
     }
 
     /// Handles every request in `self.batch`.
@@ -194,6 +214,7 @@ impl<K: LockKey> RegistryActor<K> {
             delivery,
         }) = self.granted.pop()
         {
+            let fencing_token = self.registry_token(fencing_token);
             debug!(key = ?self.table.table().key_of(waiter_id), fencing_token, "grant");
             match delivery {
                 Delivery::Channel(sender) => {
@@ -217,7 +238,7 @@ impl<K: LockKey> RegistryActor<K> {
         }
     }
 
-    /// The guard for a grant made to a kameo `ask`.
+    /// The guard for a grant made to a kameo `ask`, with its registry-wide fencing token.
     ///
     /// # Errors
     ///
@@ -387,6 +408,11 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
             );
             return delegated;
         };
+        if !self.owns(&key) {
+            debug!(?key, "acquire sent to the wrong shard: refused");
+            reply.send(Err(LockError::WrongShard));
+            return delegated;
+        }
         debug!(?key, "acquire");
         self.stamp_time();
         if let Acquired::Granted(grant) = self.table.acquire(key, Delivery::Reply(Box::new(reply)))
@@ -408,13 +434,19 @@ impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
         TryAcquire { key }: TryAcquire<K>,
         ctx: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
+        if !self.owns(&key) {
+            debug!(?key, "try acquire sent to the wrong shard: refused");
+            return ctx.reply(Err(TryLockError::WrongShard));
+        }
         debug!(?key, "try acquire");
         self.stamp_time();
         let reply = match self.table.try_acquire(key) {
             Ok(grant) => {
-                debug!(key = ?self.table.table().key_of(grant.waiter_id), "grant");
-                self.guard_for_reply(grant.waiter_id, grant.fencing_token)
-                    .map_err(TryLockError::from)
+                let fencing_token = self.registry_token(grant.fencing_token);
+                debug!(key = ?self.table.table().key_of(grant.waiter_id), fencing_token, "grant");
+                // The only error: no handle or guard is left, the registry is about to stop.
+                self.guard_for_reply(grant.waiter_id, fencing_token)
+                    .map_err(|_closed| TryLockError::Closed)
             }
             Err(_) => Err(TryLockError::WouldBlock),
         };

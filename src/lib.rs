@@ -71,6 +71,7 @@ pub mod messages;
 mod registry;
 pub mod replay;
 mod request;
+mod shard;
 mod stats;
 pub mod table;
 pub mod trace;

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::num::NonZeroUsize;
 use std::sync::{Arc, OnceLock};
 
 use kameo::actor::{ActorRef, Spawn};
@@ -15,9 +16,11 @@ use crate::grant::{self, GrantReceiver, NotGranted, Undo};
 use crate::guard::KeyGuard;
 use crate::journal::Journal;
 use crate::request::{Request, RequestSender};
+use crate::shard::ShardRouter;
 use crate::stats::RegistryStats;
 
-/// A registry of per-key async locks: the handle to one registry actor.
+/// A registry of per-key async locks: the handle to its registry actor (or, when built with
+/// [`RegistryBuilder::shards`], to its actors, each owning the keys that hash to it).
 ///
 /// Cloning is cheap (a reference count) and every clone talks to the same registry. The
 /// registry stops by itself once every handle and every [`KeyGuard`] is gone, or at once on
@@ -48,6 +51,13 @@ use crate::stats::RegistryStats;
 /// # }
 /// ```
 pub struct LockRegistry<K: LockKey> {
+    /// One per actor, in shard order; shared by every clone of the handle.
+    shards: Arc<[Shard<K>]>,
+    router: ShardRouter,
+}
+
+/// The handle's end of one registry actor.
+struct Shard<K: LockKey> {
     actor_ref: ActorRef<RegistryActor<K>>,
     requests: RequestSender<K>,
     /// The journal as it was when the actor stopped, if it kept one.
@@ -86,6 +96,7 @@ impl<K: LockKey> LockRegistry<K> {
     pub fn builder() -> RegistryBuilder<K> {
         RegistryBuilder {
             journal_capacity: None,
+            shards: NonZeroUsize::MIN,
             key: PhantomData,
         }
     }
@@ -128,14 +139,15 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub async fn lock(&self, key: K) -> Result<KeyGuard<K>, LockError> {
-        let granted = self
+        let shard = self.shard_for(&key);
+        let granted = shard
             .request_grant(|grant| Request::Acquire {
                 key: key.clone(),
                 grant,
             })
             .await
             .map_err(|_| LockError::Closed)?;
-        Ok(self.guard(key, granted))
+        Ok(shard.guard(key, granted))
     }
 
     /// Takes `key` if it is free right now, without waiting.
@@ -169,7 +181,8 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub async fn try_lock(&self, key: K) -> Result<KeyGuard<K>, TryLockError> {
-        let granted = self
+        let shard = self.shard_for(&key);
+        let granted = shard
             .request_grant(|grant| Request::TryAcquire {
                 key: key.clone(),
                 grant,
@@ -179,10 +192,11 @@ impl<K: LockKey> LockRegistry<K> {
                 NotGranted::WouldBlock => TryLockError::WouldBlock,
                 NotGranted::Closed => TryLockError::Closed,
             })?;
-        Ok(self.guard(key, granted))
+        Ok(shard.guard(key, granted))
     }
 
-    /// The registry's counts, taken after every request sent before this one.
+    /// The registry's counts, taken after every request sent before this one. With several
+    /// shards, the sum of every shard's counts, each taken when that shard answers.
     ///
     /// # Cancel safety
     ///
@@ -207,7 +221,15 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub async fn stats(&self) -> Result<RegistryStats, LockError> {
-        self.ask(|reply| Request::Stats { reply }).await
+        let mut total = RegistryStats::default();
+        for shard in self.shards.iter() {
+            let stats = shard.ask(|reply| Request::Stats { reply }).await?;
+            total.keys += stats.keys;
+            total.held += stats.held;
+            total.waiting += stats.waiting;
+            total.grants += stats.grants;
+        }
+        Ok(total)
     }
 
     /// A snapshot of the journal: every table input and output so far, oldest first, up to
@@ -223,7 +245,9 @@ impl<K: LockKey> LockRegistry<K> {
     ///
     /// # Errors
     ///
-    /// [`LockError::Closed`] if the registry has stopped and kept no journal.
+    /// [`LockError::Closed`] if the registry has stopped and kept no journal;
+    /// [`LockError::Sharded`] if it has several shards (read them with
+    /// [`journals`](Self::journals)).
     ///
     /// # Examples
     ///
@@ -241,10 +265,55 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub async fn journal(&self) -> Result<Journal<K>, LockError> {
-        match self.ask(|reply| Request::Journal { reply }).await {
-            Err(LockError::Closed) => self.final_journal.get().cloned().ok_or(LockError::Closed),
-            answer => answer,
+        match &*self.shards {
+            [shard] => shard.journal().await,
+            _ => Err(LockError::Sharded),
         }
+    }
+
+    /// The journal of every shard, in shard order; one journal for a registry with one shard.
+    ///
+    /// Each shard owns a table of its own, so each journal replays on its own
+    /// ([`replay`](crate::replay)). A shard's journal shows its table's fencing tokens, 1, 2,
+    /// 3, ...; the guards of shard `i` of `n` show `(t - 1) * n + i + 1` for table token `t`.
+    /// Each snapshot is taken after every request sent to that shard before this call.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] if a shard has stopped and kept no journal.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::num::NonZeroUsize;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::LockRegistry::builder()
+    ///     .shards(NonZeroUsize::new(2).unwrap())
+    ///     .journal(1_000)
+    ///     .spawn();
+    /// for key in 0..10u32 {
+    ///     drop(registry.lock(key).await?);
+    /// }
+    /// let journals = registry.journals().await?;
+    /// assert_eq!(journals.len(), 2);
+    /// for journal in &journals {
+    ///     keyed_locks::replay::verify(journal)?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn journals(&self) -> Result<Vec<Journal<K>>, LockError> {
+        let mut journals = Vec::with_capacity(self.shards.len());
+        for shard in self.shards.iter() {
+            journals.push(shard.journal().await?);
+        }
+        Ok(journals)
     }
 
     /// Stops the registry and returns once its actor has stopped.
@@ -273,12 +342,17 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub async fn shutdown(&self) {
-        // Fails only if the actor has stopped already, which is what we want anyway.
-        let _ = self.actor_ref.stop_gracefully().await;
-        self.actor_ref.wait_for_shutdown().await;
+        for shard in self.shards.iter() {
+            // Fails only if the actor has stopped already, which is what we want anyway.
+            let _ = shard.actor_ref.stop_gracefully().await;
+        }
+        for shard in self.shards.iter() {
+            shard.actor_ref.wait_for_shutdown().await;
+        }
     }
 
-    /// Whether the registry has stopped (or is stopping) and will grant nothing more.
+    /// Whether the registry has stopped (or is stopping) and will grant nothing more. With
+    /// several shards: whether any of them has, since its keys can no longer be locked.
     ///
     /// # Examples
     ///
@@ -292,10 +366,30 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub fn is_closed(&self) -> bool {
-        self.requests.is_closed() || !self.actor_ref.is_alive()
+        self.shards
+            .iter()
+            .any(|shard| shard.requests.is_closed() || !shard.actor_ref.is_alive())
+    }
+
+    /// How many actors share the keys: 1 unless built with [`RegistryBuilder::shards`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// assert_eq!(keyed_locks::LockRegistry::<u8>::spawn().shards(), 1);
+    /// # }
+    /// ```
+    pub fn shards(&self) -> usize {
+        self.shards.len()
     }
 
     /// The registry actor, for sending it [`messages`](crate::messages) with kameo directly.
+    /// With several shards this is the first shard's actor: send
+    /// [`Acquire`](crate::messages::Acquire) and [`TryAcquire`](crate::messages::TryAcquire) to
+    /// [`actor_ref_for`](Self::actor_ref_for) instead (another shard answers them with
+    /// [`LockError::WrongShard`]), and ask every shard for stats.
     ///
     /// A clone of this `ActorRef` does not keep the registry running on its own: the registry
     /// stops once every [`LockRegistry`] handle and every guard is gone, and messages sent after
@@ -315,11 +409,40 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub fn actor_ref(&self) -> &ActorRef<RegistryActor<K>> {
-        &self.actor_ref
+        &self.shards[0].actor_ref
+    }
+
+    /// The actor that owns `key`: the one to send it [`Acquire`](crate::messages::Acquire) and
+    /// [`TryAcquire`](crate::messages::TryAcquire) for that key. The same as
+    /// [`actor_ref`](Self::actor_ref) unless the registry has several shards.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::num::NonZeroUsize;
+    /// use keyed_locks::messages::Acquire;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::LockRegistry::<u64>::builder()
+    ///     .shards(NonZeroUsize::new(4).unwrap())
+    ///     .spawn();
+    /// let guard = registry.actor_ref_for(&7).ask(Acquire { key: 7 }).await?;
+    /// assert!(registry.try_lock(7).await.is_err()); // the same key, the same shard
+    /// # drop(guard);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn actor_ref_for(&self, key: &K) -> &ActorRef<RegistryActor<K>> {
+        &self.shard_for(key).actor_ref
+    }
+
+    fn shard_for(&self, key: &K) -> &Shard<K> {
+        &self.shards[self.router.shard_of(key)]
     }
 }
 
-impl<K: LockKey> LockRegistry<K> {
+impl<K: LockKey> Shard<K> {
     /// Sends the request that `make` builds around a fresh grant channel and waits for the
     /// grant. Dropping the returned future at any point undoes the request (see
     /// [`PendingGrant`]).
@@ -361,22 +484,33 @@ impl<K: LockKey> LockRegistry<K> {
             self.requests.clone(),
         )
     }
+
+    async fn journal(&self) -> Result<Journal<K>, LockError> {
+        match self.ask(|reply| Request::Journal { reply }).await {
+            Err(LockError::Closed) => self.final_journal.get().cloned().ok_or(LockError::Closed),
+            answer => answer,
+        }
+    }
 }
 
 impl<K: LockKey> Clone for LockRegistry<K> {
     fn clone(&self) -> Self {
         LockRegistry {
-            actor_ref: self.actor_ref.clone(),
-            requests: self.requests.clone(),
-            final_journal: Arc::clone(&self.final_journal),
+            shards: Arc::clone(&self.shards),
+            router: self.router.clone(),
         }
     }
 }
 
 impl<K: LockKey> fmt::Debug for LockRegistry<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let actor_ids: Vec<_> = self
+            .shards
+            .iter()
+            .map(|shard| shard.actor_ref.id())
+            .collect();
         f.debug_struct("LockRegistry")
-            .field("actor_id", &self.actor_ref.id())
+            .field("actor_ids", &actor_ids)
             .field("closed", &self.is_closed())
             .finish()
     }
@@ -405,6 +539,7 @@ impl<K> Drop for PendingGrant<'_, K> {
 /// Builds a [`LockRegistry`] with non-default settings; made by [`LockRegistry::builder`].
 pub struct RegistryBuilder<K: LockKey> {
     journal_capacity: Option<usize>,
+    shards: NonZeroUsize,
     key: PhantomData<fn() -> K>,
 }
 
@@ -430,7 +565,39 @@ impl<K: LockKey> RegistryBuilder<K> {
         self
     }
 
-    /// Spawns the registry actor on the current tokio runtime.
+    /// Splits the keys among `count` registry actors (shards), each the single owner of the
+    /// keys that hash to it. One by default.
+    ///
+    /// More shards let several cores do bookkeeping at once when many tasks lock many keys;
+    /// one task locking keys in turn gains nothing and pays a little (see the README's
+    /// benchmarks). Every rule holds per key: mutual exclusion, FIFO, cancel safety, fencing
+    /// tokens increasing per key (they are unique across shards, but two keys in different
+    /// shards are not ordered by them). Each shard keeps its own journal
+    /// ([`LockRegistry::journals`]). With more than one shard, keys are hashed by the caller
+    /// to pick the shard.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::num::NonZeroUsize;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keyed_locks::LockError> {
+    /// let registry = keyed_locks::LockRegistry::builder()
+    ///     .shards(NonZeroUsize::new(2).unwrap())
+    ///     .spawn();
+    /// let a = registry.lock("a").await?;
+    /// let b = registry.lock("b").await?;
+    /// assert_ne!(a.fencing_token(), b.fencing_token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn shards(mut self, count: NonZeroUsize) -> Self {
+        self.shards = count;
+        self
+    }
+
+    /// Spawns the registry actor (one per shard) on the current tokio runtime.
     ///
     /// The actor's request channel and mailbox are unbounded, so that a guard's drop never
     /// waits and never loses its release. It runs without supervision and is never restarted
@@ -449,20 +616,27 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// # }
     /// ```
     pub fn spawn(self) -> LockRegistry<K> {
-        let (requests, receiver) = mpsc::unbounded_channel();
-        let final_journal = Arc::new(OnceLock::new());
-        let config = RegistryConfig {
-            journal_capacity: self.journal_capacity,
-            requests: receiver,
-            weak_requests: requests.downgrade(),
-            final_journal: Arc::clone(&final_journal),
-        };
-        let actor_ref = RegistryActor::spawn_with_mailbox(config, mailbox::unbounded());
-        LockRegistry {
-            actor_ref,
-            requests,
-            final_journal,
-        }
+        let router = ShardRouter::new(self.shards);
+        let shards = (0..self.shards.get())
+            .map(|shard| {
+                let (requests, receiver) = mpsc::unbounded_channel();
+                let final_journal = Arc::new(OnceLock::new());
+                let config = RegistryConfig {
+                    journal_capacity: self.journal_capacity,
+                    requests: receiver,
+                    weak_requests: requests.downgrade(),
+                    final_journal: Arc::clone(&final_journal),
+                    shard,
+                    router: router.clone(),
+                };
+                Shard {
+                    actor_ref: RegistryActor::spawn_with_mailbox(config, mailbox::unbounded()),
+                    requests,
+                    final_journal,
+                }
+            })
+            .collect();
+        LockRegistry { shards, router }
     }
 }
 
@@ -470,6 +644,7 @@ impl<K: LockKey> fmt::Debug for RegistryBuilder<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegistryBuilder")
             .field("journal_capacity", &self.journal_capacity)
+            .field("shards", &self.shards)
             .finish()
     }
 }

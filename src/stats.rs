@@ -16,6 +16,7 @@ pub struct RegistryStats {
     pub held: usize,
     /// Acquirers queued and not yet granted.
     pub waiting: usize,
-    /// Grants since the registry started; equal to the last fencing token handed out.
+    /// Grants since the registry started. With one shard, equal to the last fencing token
+    /// handed out.
     pub grants: u64,
 }
