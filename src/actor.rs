@@ -34,10 +34,6 @@ use crate::shard::ShardRouter;
 use crate::stats::RegistryStats;
 use crate::table::{Acquired, Grant, WaiterId};
 
-/// Requests taken from the request channel per wake-up. Large enough that a burst costs one
-/// wake-up per batch, small enough that kameo's mailbox (a stop) is looked at often.
-const REQUEST_BATCH: usize = 256;
-
 /// The kameo actor behind a [`LockRegistry`](crate::LockRegistry). Its state is private; talk
 /// to it through the registry or through the public [`messages`](crate::messages).
 ///
@@ -101,7 +97,7 @@ impl<K: LockKey> RegistryActor<K> {
             started: tokio::time::Instant::now(),
             granted: Vec::new(),
             requests: config.requests,
-            batch: Vec::with_capacity(REQUEST_BATCH),
+            batch: Vec::new(),
             weak_requests: config.weak_requests,
             mailbox_open: true,
             final_journal: config.final_journal,
@@ -130,12 +126,11 @@ impl<K: LockKey> RegistryActor<K> {
         self.batch = batch;
     }
 
-    /// Handles every request already on the request channel, without waiting for more.
+    /// Handles every request already in the inbox, without waiting for more. Requests sent
+    /// while a batch is handled form the next batch.
     fn drain_requests(&mut self) {
-        // `try_recv` does not miss a request whose send has completed, even while another
-        // send is still in progress ahead of it: it waits for that one instead.
-        while let Ok(request) = self.requests.try_recv() {
-            self.handle_request(request);
+        while self.requests.try_recv_batch(&mut self.batch) > 0 {
+            self.handle_batch();
         }
     }
 
@@ -297,9 +292,8 @@ impl<K: LockKey> RegistryActor<K> {
         // dropped unhandled: dropping a grant channel or a reply tells its caller `Closed`,
         // and releases and cancels no longer matter once the table is emptied below.
         self.requests.close();
-        while let Ok(request) = self.requests.try_recv() {
-            drop(request);
-        }
+        self.requests.try_recv_batch(&mut self.batch);
+        self.batch.clear();
         self.stamp_time();
         let waiters = self.table.shutdown();
         debug!(waiters = waiters.len(), "registry closing");
@@ -350,7 +344,7 @@ impl<K: LockKey> Actor for RegistryActor<K> {
             // after every batch, so a busy request channel cannot starve a stop.
             let wake = tokio::select! {
                 biased;
-                received = self.requests.recv_many(&mut self.batch, REQUEST_BATCH) => {
+                received = self.requests.recv_batch(&mut self.batch) => {
                     Wake::Requests(received)
                 }
                 signal = mailbox_rx.recv(), if self.mailbox_open => Wake::Mailbox(signal),

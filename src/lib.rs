@@ -66,6 +66,7 @@ mod actor;
 mod error;
 mod grant;
 mod guard;
+mod inbox;
 pub mod journal;
 pub mod messages;
 mod registry;

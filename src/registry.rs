@@ -7,13 +7,14 @@ use std::sync::{Arc, OnceLock};
 
 use kameo::actor::{ActorRef, Spawn};
 use kameo::mailbox;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::LockKey;
 use crate::actor::{RegistryActor, RegistryConfig};
 use crate::error::{LockError, TryLockError};
 use crate::grant::{self, GrantReceiver, NotGranted, Undo};
 use crate::guard::KeyGuard;
+use crate::inbox;
 use crate::journal::Journal;
 use crate::request::{Request, RequestSender};
 use crate::shard::ShardRouter;
@@ -619,7 +620,7 @@ impl<K: LockKey> RegistryBuilder<K> {
         let router = ShardRouter::new(self.shards);
         let shards = (0..self.shards.get())
             .map(|shard| {
-                let (requests, receiver) = mpsc::unbounded_channel();
+                let (requests, receiver) = inbox::inbox();
                 let final_journal = Arc::new(OnceLock::new());
                 let config = RegistryConfig {
                     journal_capacity: self.journal_capacity,

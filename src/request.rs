@@ -1,15 +1,16 @@
 //! The requests handles and guards send to the registry actor on its request channel.
 //!
-//! Every call of [`LockRegistry`](crate::LockRegistry) and every guard's release travels on
-//! one tokio unbounded channel, which the actor drains in batches. One channel for all of
-//! them is what keeps a task's requests in program order. It bypasses kameo's mailbox, which
-//! boxes every message and runs each in its own unwind guard: for a lock and a release that
-//! was most of the cost (ARCHITECTURE.md, "Performance"). kameo still runs the actor, its
-//! lifecycle and the public [`messages`](crate::messages).
+//! Every call of [`LockRegistry`](crate::LockRegistry) and every guard's release travels in
+//! one [`inbox`](crate::inbox), which the actor empties a batch at a time. One inbox for all
+//! of them is what keeps a task's requests in program order. It bypasses kameo's mailbox,
+//! which boxes every message and runs each in its own unwind guard: for a lock and a release
+//! that was most of the cost (ARCHITECTURE.md, "Performance"). kameo still runs the actor,
+//! its lifecycle and the public [`messages`](crate::messages).
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::grant::GrantSender;
+use crate::inbox;
 use crate::journal::Journal;
 use crate::stats::RegistryStats;
 use crate::table::WaiterId;
@@ -35,10 +36,10 @@ pub(crate) enum Request<K> {
 }
 
 /// The sending end, held by handles and guards. The actor runs until every sender is gone.
-pub(crate) type RequestSender<K> = mpsc::UnboundedSender<Request<K>>;
+pub(crate) type RequestSender<K> = inbox::Sender<Request<K>>;
 
 /// The actor's end.
-pub(crate) type RequestReceiver<K> = mpsc::UnboundedReceiver<Request<K>>;
+pub(crate) type RequestReceiver<K> = inbox::Receiver<Request<K>>;
 
 /// A sender that does not keep the actor alive: the actor's own, to make guards for `ask`s.
-pub(crate) type WeakRequestSender<K> = mpsc::WeakUnboundedSender<Request<K>>;
+pub(crate) type WeakRequestSender<K> = inbox::WeakSender<Request<K>>;
