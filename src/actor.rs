@@ -12,7 +12,10 @@
 //! request channel, so whatever was sent there before is handled first.
 
 use std::fmt;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::sync::{Arc, OnceLock};
+use std::task::{self, Poll, Waker};
 
 use kameo::Actor;
 use kameo::actor::{ActorRef, WeakActorRef};
@@ -20,10 +23,10 @@ use kameo::error::{ActorStopReason, Infallible};
 use kameo::mailbox::{MailboxReceiver, Signal};
 use kameo::message::{Context, Message};
 use kameo::reply::{DelegatedReply, ReplySender};
-use tokio::sync::mpsc::error::TryRecvError;
 use tracing::{debug, warn};
 
 use crate::LockKey;
+use crate::doorbell::Doorbell;
 use crate::error::{LockError, TryLockError};
 use crate::grant::{GrantSender, Granted};
 use crate::guard::KeyGuard;
@@ -57,6 +60,10 @@ pub struct RegistryActor<K: LockKey> {
     /// Whether kameo's mailbox can still deliver. It closes when no `ActorRef` is left, while
     /// guards may still send releases on the request channel.
     mailbox_open: bool,
+    /// Rung by kameo's mailbox; the mailbox is polled only while it is (see [`crate::doorbell`]).
+    doorbell: Arc<Doorbell>,
+    /// The doorbell as a waker, made once.
+    doorbell_waker: Waker,
     /// Where the journal is left when the actor stops, for reading after a shutdown.
     final_journal: Arc<OnceLock<Journal<K>>>,
     /// Which shard of the registry this actor is.
@@ -89,6 +96,7 @@ pub struct RegistryConfig<K> {
 
 impl<K: LockKey> RegistryActor<K> {
     fn new(config: RegistryConfig<K>) -> Self {
+        let doorbell = Doorbell::new();
         RegistryActor {
             table: match config.journal_capacity {
                 Some(capacity) => JournaledTable::with_journal(capacity),
@@ -100,6 +108,8 @@ impl<K: LockKey> RegistryActor<K> {
             batch: Vec::new(),
             weak_requests: config.weak_requests,
             mailbox_open: true,
+            doorbell_waker: Waker::from(Arc::clone(&doorbell)),
+            doorbell,
             final_journal: config.final_journal,
             shard: config.shard,
             router: config.router,
@@ -312,6 +322,29 @@ impl<K: LockKey> RegistryActor<K> {
     }
 }
 
+impl<K: LockKey> RegistryActor<K> {
+    /// Polls kameo's mailbox if its doorbell rang: `Some` with what it gave (`None` inside
+    /// when it is closed), or `None` if it was not rung or is empty.
+    fn poll_mailbox_if_rung(
+        &mut self,
+        mailbox_rx: &mut MailboxReceiver<Self>,
+    ) -> Option<Option<Signal<Self>>> {
+        if !self.doorbell.take_ring() {
+            return None;
+        }
+        let mut doorbell_cx = task::Context::from_waker(&self.doorbell_waker);
+        match pin!(mailbox_rx.recv()).poll(&mut doorbell_cx) {
+            // Empty: the doorbell is registered with the mailbox and rings on the next signal.
+            Poll::Pending => None,
+            Poll::Ready(signal) => {
+                // More may be queued behind it, and they will not ring: keep looking.
+                self.doorbell.ring_again();
+                Some(signal)
+            }
+        }
+    }
+}
+
 /// What woke the actor up.
 enum Wake<K: LockKey> {
     Mailbox(Option<Signal<RegistryActor<K>>>),
@@ -338,24 +371,31 @@ impl<K: LockKey> Actor for RegistryActor<K> {
         mailbox_rx: &mut MailboxReceiver<Self>,
     ) -> Result<Option<Signal<Self>>, Infallible> {
         loop {
-            // Requests first: waiting on the mailbox registers a waker each time, which cost
-            // an eighth of a lock/unlock pair when it was polled at every wake-up. The mailbox
-            // is waited on only when no request is pending, and looked at without waiting
-            // after every batch, so a busy request channel cannot starve a stop.
-            let wake = tokio::select! {
-                biased;
-                received = self.requests.recv_batch(&mut self.batch) => {
-                    Wake::Requests(received)
+            // Requests first; the mailbox only when its doorbell rang, both while waiting and
+            // after every batch, so a busy inbox cannot starve a stop.
+            let wake = poll_fn(|cx| {
+                if let Poll::Ready(received) = self.requests.poll_batch(cx, &mut self.batch) {
+                    return Poll::Ready(Wake::Requests(received));
                 }
-                signal = mailbox_rx.recv(), if self.mailbox_open => Wake::Mailbox(signal),
-            };
+                if self.mailbox_open {
+                    // Before looking at the flag, so that a ring in between wakes this task.
+                    self.doorbell.wake_on_ring(cx.waker());
+                    if let Some(signal) = self.poll_mailbox_if_rung(mailbox_rx) {
+                        return Poll::Ready(Wake::Mailbox(signal));
+                    }
+                }
+                Poll::Pending
+            })
+            .await;
             let wake = match wake {
                 Wake::Requests(received) if received > 0 => {
                     self.handle_batch();
-                    match mailbox_rx.try_recv() {
-                        Ok(signal) => Wake::Mailbox(Some(signal)),
-                        Err(TryRecvError::Disconnected) => Wake::Mailbox(None),
-                        Err(TryRecvError::Empty) => continue,
+                    if !self.mailbox_open {
+                        continue;
+                    }
+                    match self.poll_mailbox_if_rung(mailbox_rx) {
+                        Some(signal) => Wake::Mailbox(signal),
+                        None => continue,
                     }
                 }
                 wake => wake,

@@ -20,7 +20,6 @@
 //!   tokio's channels do, so an actor that is never short of work still yields now and then.
 
 use std::fmt;
-use std::future::poll_fn;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
@@ -185,11 +184,13 @@ impl<T> Receiver<T> {
     /// `batch`, which should be empty (it is swapped with the queue when it is). Returns how
     /// many values were moved; `0` means the inbox is empty and every sender is gone, or it
     /// was closed.
+    #[cfg(test)]
     pub(crate) async fn recv_batch(&mut self, batch: &mut Vec<T>) -> usize {
-        poll_fn(|cx| self.poll_batch(cx, batch)).await
+        std::future::poll_fn(|cx| self.poll_batch(cx, batch)).await
     }
 
-    fn poll_batch(&mut self, cx: &mut Context<'_>, batch: &mut Vec<T>) -> Poll<usize> {
+    /// [`recv_batch`](Self::recv_batch) as a poll function.
+    pub(crate) fn poll_batch(&mut self, cx: &mut Context<'_>, batch: &mut Vec<T>) -> Poll<usize> {
         let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         let mut state = self.shared.lock();
         if !state.queue.is_empty() {

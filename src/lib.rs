@@ -63,6 +63,7 @@
 #![deny(unused_must_use)]
 
 mod actor;
+mod doorbell;
 mod error;
 mod grant;
 mod guard;
