@@ -30,8 +30,12 @@ pub(crate) fn channel() -> (GrantSender, GrantReceiver) {
     (
         GrantSender {
             slot: Arc::clone(&slot),
+            resolved: false,
         },
-        GrantReceiver { slot },
+        GrantReceiver {
+            slot,
+            finished: false,
+        },
     )
 }
 
@@ -101,6 +105,9 @@ fn lock(slot: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
 #[derive(Debug)]
 pub(crate) struct GrantSender {
     slot: Arc<Mutex<Slot>>,
+    /// Whether a grant or a would-block was already given, so that the drop need not take the
+    /// lock again to find out (one lock fewer per lock call).
+    resolved: bool,
 }
 
 impl GrantSender {
@@ -130,7 +137,9 @@ impl GrantSender {
     /// # Errors
     ///
     /// [`Abandoned`] if the receiver gave up: the caller must release `granted.waiter_id` itself.
-    pub(crate) fn grant(self, granted: Granted) -> Result<(), Abandoned> {
+    pub(crate) fn grant(mut self, granted: Granted) -> Result<(), Abandoned> {
+        // Either way nothing is left for the drop to resolve.
+        self.resolved = true;
         let waker = {
             let mut slot = lock(&self.slot);
             if slot.state == SlotState::Abandoned {
@@ -147,8 +156,9 @@ impl GrantSender {
     }
 
     /// Answers a try-acquire with "the key is taken" and wakes the receiver.
-    pub(crate) fn would_block(self) {
+    pub(crate) fn would_block(mut self) {
         self.resolve_unless_granted(SlotState::WouldBlock);
+        self.resolved = true;
     }
 
     /// Moves an unresolved slot to `state` and wakes the receiver; a slot that was granted,
@@ -172,7 +182,9 @@ impl GrantSender {
 
 impl Drop for GrantSender {
     fn drop(&mut self) {
-        self.resolve_unless_granted(SlotState::Closed);
+        if !self.resolved {
+            self.resolve_unless_granted(SlotState::Closed);
+        }
     }
 }
 
@@ -181,6 +193,9 @@ impl Drop for GrantSender {
 #[derive(Debug)]
 pub(crate) struct GrantReceiver {
     slot: Arc<Mutex<Slot>>,
+    /// Whether `poll_grant` returned `Ready`: nothing is left to undo, and
+    /// [`abandon`](Self::abandon) need not take the lock (one lock fewer per lock call).
+    finished: bool,
 }
 
 impl GrantReceiver {
@@ -190,10 +205,17 @@ impl GrantReceiver {
         match slot.state {
             SlotState::Granted(granted) => {
                 slot.state = SlotState::Received;
+                self.finished = true;
                 Poll::Ready(Ok(granted))
             }
-            SlotState::Closed => Poll::Ready(Err(NotGranted::Closed)),
-            SlotState::WouldBlock => Poll::Ready(Err(NotGranted::WouldBlock)),
+            SlotState::Closed => {
+                self.finished = true;
+                Poll::Ready(Err(NotGranted::Closed))
+            }
+            SlotState::WouldBlock => {
+                self.finished = true;
+                Poll::Ready(Err(NotGranted::WouldBlock))
+            }
             SlotState::Sent | SlotState::Queued(_) => {
                 match &mut slot.waker {
                     Some(waker) if waker.will_wake(cx.waker()) => {}
@@ -210,6 +232,9 @@ impl GrantReceiver {
     /// Gives up on the grant and says what the actor must be told so that nothing is left
     /// behind. Idempotent: a second call returns [`Undo::Nothing`].
     pub(crate) fn abandon(&mut self) -> Undo {
+        if self.finished {
+            return Undo::Nothing;
+        }
         let mut slot = lock(&self.slot);
         let undo = match slot.state {
             SlotState::Sent => Undo::Nothing,

@@ -62,6 +62,31 @@ impl Contender for Ours {
     }
 }
 
+/// This crate with one registry actor per worker thread: `RegistryBuilder::shards(2)`.
+pub struct OursSharded(keyed_locks::LockRegistry<u64>);
+
+impl Contender for OursSharded {
+    const NAME: &'static str = "keyed-locks-2-shards";
+    type Guard<'a> = keyed_locks::KeyGuard<u64>;
+
+    fn new(_keys: usize) -> Self {
+        let shards = std::num::NonZeroUsize::new(2).expect("2 is not zero");
+        OursSharded(keyed_locks::LockRegistry::builder().shards(shards).spawn())
+    }
+
+    async fn lock(&self, key: u64) -> Self::Guard<'_> {
+        self.0.lock(key).await.expect("the registry is open")
+    }
+
+    async fn entries(&self) -> Option<usize> {
+        Some(self.0.stats().await.expect("the registry is open").keys)
+    }
+
+    async fn close(&self) {
+        self.0.shutdown().await;
+    }
+}
+
 /// lockable 0.2: `LockableHashMap<K, ()>` with its async API.
 pub struct LockablePeer(LockableHashMap<u64, ()>);
 
@@ -202,6 +227,104 @@ impl Contender for Seed {
     }
 }
 
+/// A naive actor, for two comparisons: what the round trip to an actor costs by itself, and
+/// what an actor without this crate's grant channel leaves behind. A tokio task owns
+/// `HashMap<u64, VecDeque<oneshot::Sender<()>>>` (holder implied, waiters queued); `lock`
+/// sends the key with a oneshot and waits, a guard's drop sends an unlock. It skips waiters
+/// whose oneshot is already closed, but it cannot know that a waiter gives up *after* its
+/// grant was sent: that grant is lost and the key stays held for ever.
+pub struct NaiveActor {
+    requests: tokio::sync::mpsc::UnboundedSender<NaiveRequest>,
+}
+
+enum NaiveRequest {
+    Lock(u64, tokio::sync::oneshot::Sender<()>),
+    Unlock(u64),
+    Entries(tokio::sync::oneshot::Sender<usize>),
+    Stop,
+}
+
+/// Holds a key of [`NaiveActor`]; dropping it sends the unlock.
+pub struct NaiveGuard {
+    key: u64,
+    requests: tokio::sync::mpsc::UnboundedSender<NaiveRequest>,
+}
+
+impl Drop for NaiveGuard {
+    fn drop(&mut self) {
+        let _ = self.requests.send(NaiveRequest::Unlock(self.key));
+    }
+}
+
+impl NaiveActor {
+    async fn run(mut requests: tokio::sync::mpsc::UnboundedReceiver<NaiveRequest>) {
+        let mut waiters: HashMap<
+            u64,
+            std::collections::VecDeque<tokio::sync::oneshot::Sender<()>>,
+        > = HashMap::new();
+        let mut batch = Vec::with_capacity(256);
+        while requests.recv_many(&mut batch, 256).await > 0 {
+            for request in batch.drain(..) {
+                match request {
+                    NaiveRequest::Lock(key, grant) => match waiters.entry(key) {
+                        hash_map::Entry::Occupied(mut queue) => queue.get_mut().push_back(grant),
+                        hash_map::Entry::Vacant(vacant) => {
+                            if grant.send(()).is_ok() {
+                                vacant.insert(std::collections::VecDeque::new());
+                            }
+                        }
+                    },
+                    NaiveRequest::Unlock(key) => {
+                        if let hash_map::Entry::Occupied(mut queue) = waiters.entry(key) {
+                            // The next waiter still listening gets the key; none left: gone.
+                            let granted = std::iter::from_fn(|| queue.get_mut().pop_front())
+                                .any(|grant| grant.send(()).is_ok());
+                            if !granted {
+                                queue.remove();
+                            }
+                        }
+                    }
+                    NaiveRequest::Entries(reply) => {
+                        let _ = reply.send(waiters.len());
+                    }
+                    NaiveRequest::Stop => return,
+                }
+            }
+        }
+    }
+}
+
+impl Contender for NaiveActor {
+    const NAME: &'static str = "naive-actor";
+    type Guard<'a> = NaiveGuard;
+
+    fn new(_keys: usize) -> Self {
+        let (requests, receiver) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(NaiveActor::run(receiver));
+        NaiveActor { requests }
+    }
+
+    async fn lock(&self, key: u64) -> Self::Guard<'_> {
+        let (grant, granted) = tokio::sync::oneshot::channel();
+        let _ = self.requests.send(NaiveRequest::Lock(key, grant));
+        granted.await.expect("the naive actor is running");
+        NaiveGuard {
+            key,
+            requests: self.requests.clone(),
+        }
+    }
+
+    async fn entries(&self) -> Option<usize> {
+        let (reply, count) = tokio::sync::oneshot::channel();
+        let _ = self.requests.send(NaiveRequest::Entries(reply));
+        count.await.ok()
+    }
+
+    async fn close(&self) {
+        let _ = self.requests.send(NaiveRequest::Stop);
+    }
+}
+
 /// The floor: a bare `tokio::sync::Mutex<()>` per key, allocated up front, no map.
 pub struct Floor(Vec<tokio::sync::Mutex<()>>);
 
@@ -246,6 +369,10 @@ macro_rules! for_each_contender {
             $body
         }
         {
+            type $c = $crate::contenders::OursSharded;
+            $body
+        }
+        {
             type $c = $crate::contenders::LockablePeer;
             $body
         }
@@ -259,6 +386,10 @@ macro_rules! for_each_contender {
         }
         {
             type $c = $crate::contenders::Seed;
+            $body
+        }
+        {
+            type $c = $crate::contenders::NaiveActor;
             $body
         }
         {
