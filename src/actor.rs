@@ -37,6 +37,10 @@ use crate::shard::ShardRouter;
 use crate::stats::RegistryStats;
 use crate::table::{Acquired, Grant, WaiterId};
 
+/// Requests' worth of memory the actor keeps for batches between bursts (32 bytes each for
+/// `u64` keys). More arrive in one batch when they must; the excess is freed afterwards.
+const RETAINED_BATCH_CAPACITY: usize = 1024;
+
 /// The kameo actor behind a [`LockRegistry`](crate::LockRegistry). Its state is private; talk
 /// to it through the registry or through the public [`messages`](crate::messages).
 ///
@@ -133,6 +137,9 @@ impl<K: LockKey> RegistryActor<K> {
         for request in batch.drain(..) {
             self.handle_request(request);
         }
+        // The batch and the inbox's queue trade allocations at every batch; after a burst,
+        // give the memory back rather than keep both at the burst's size for ever.
+        batch.shrink_to(RETAINED_BATCH_CAPACITY);
         self.batch = batch;
     }
 

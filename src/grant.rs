@@ -29,13 +29,9 @@ pub(crate) fn channel() -> (GrantSender, GrantReceiver) {
     }));
     (
         GrantSender {
-            slot: Arc::clone(&slot),
-            resolved: false,
+            slot: Some(Arc::clone(&slot)),
         },
-        GrantReceiver {
-            slot,
-            finished: false,
-        },
+        GrantReceiver { slot: Some(slot) },
     )
 }
 
@@ -104,16 +100,17 @@ fn lock(slot: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
 /// is lost (actor stopped, message dropped) gets [`NotGranted::Closed`] instead of waiting forever.
 #[derive(Debug)]
 pub(crate) struct GrantSender {
-    slot: Arc<Mutex<Slot>>,
-    /// Whether a grant or a would-block was already given, so that the drop need not take the
-    /// lock again to find out (one lock fewer per lock call).
-    resolved: bool,
+    /// `None` once a grant or a would-block was given, so that the drop need not take the lock
+    /// again to find out (one lock fewer per lock call, and no flag to make records larger).
+    slot: Option<Arc<Mutex<Slot>>>,
 }
 
 impl GrantSender {
     /// Whether the receiver has given up already.
     pub(crate) fn is_abandoned(&self) -> bool {
-        lock(&self.slot).state == SlotState::Abandoned
+        self.slot
+            .as_ref()
+            .is_none_or(|slot| lock(slot).state == SlotState::Abandoned)
     }
 
     /// Records that the request waits under `waiter_id`, so that a give-up becomes a cancel.
@@ -122,7 +119,10 @@ impl GrantSender {
     ///
     /// [`Abandoned`] if the receiver already gave up: the caller must cancel `waiter_id`.
     pub(crate) fn queued(&self, waiter_id: WaiterId) -> Result<(), Abandoned> {
-        let mut slot = lock(&self.slot);
+        let Some(slot) = &self.slot else {
+            return Err(Abandoned);
+        };
+        let mut slot = lock(slot);
         match slot.state {
             SlotState::Sent => {
                 slot.state = SlotState::Queued(waiter_id);
@@ -138,10 +138,12 @@ impl GrantSender {
     ///
     /// [`Abandoned`] if the receiver gave up: the caller must release `granted.waiter_id` itself.
     pub(crate) fn grant(mut self, granted: Granted) -> Result<(), Abandoned> {
-        // Either way nothing is left for the drop to resolve.
-        self.resolved = true;
+        // Taken: either way nothing is left for the drop to resolve.
+        let Some(slot) = self.slot.take() else {
+            return Err(Abandoned);
+        };
         let waker = {
-            let mut slot = lock(&self.slot);
+            let mut slot = lock(&slot);
             if slot.state == SlotState::Abandoned {
                 return Err(Abandoned);
             }
@@ -157,33 +159,34 @@ impl GrantSender {
 
     /// Answers a try-acquire with "the key is taken" and wakes the receiver.
     pub(crate) fn would_block(mut self) {
-        self.resolve_unless_granted(SlotState::WouldBlock);
-        self.resolved = true;
-    }
-
-    /// Moves an unresolved slot to `state` and wakes the receiver; a slot that was granted,
-    /// received or abandoned is left as it is.
-    fn resolve_unless_granted(&self, state: SlotState) {
-        let waker = {
-            let mut slot = lock(&self.slot);
-            match slot.state {
-                SlotState::Sent | SlotState::Queued(_) => {
-                    slot.state = state;
-                    slot.waker.take()
-                }
-                _ => None,
-            }
-        };
-        if let Some(waker) = waker {
-            waker.wake();
+        if let Some(slot) = self.slot.take() {
+            resolve_unless_granted(&slot, SlotState::WouldBlock);
         }
+    }
+}
+
+/// Moves an unresolved slot to `state` and wakes the receiver; a slot that was granted,
+/// received or abandoned is left as it is.
+fn resolve_unless_granted(slot: &Mutex<Slot>, state: SlotState) {
+    let waker = {
+        let mut slot = lock(slot);
+        match slot.state {
+            SlotState::Sent | SlotState::Queued(_) => {
+                slot.state = state;
+                slot.waker.take()
+            }
+            _ => None,
+        }
+    };
+    if let Some(waker) = waker {
+        waker.wake();
     }
 }
 
 impl Drop for GrantSender {
     fn drop(&mut self) {
-        if !self.resolved {
-            self.resolve_unless_granted(SlotState::Closed);
+        if let Some(slot) = self.slot.take() {
+            resolve_unless_granted(&slot, SlotState::Closed);
         }
     }
 }
@@ -192,50 +195,50 @@ impl Drop for GrantSender {
 /// the owner must send to the actor, which keeps this module free of the actor's types.
 #[derive(Debug)]
 pub(crate) struct GrantReceiver {
-    slot: Arc<Mutex<Slot>>,
-    /// Whether `poll_grant` returned `Ready`: nothing is left to undo, and
-    /// [`abandon`](Self::abandon) need not take the lock (one lock fewer per lock call).
-    finished: bool,
+    /// `None` once `poll_grant` returned `Ready` or the receiver gave up: nothing is left to
+    /// undo, and [`abandon`](Self::abandon) need not take the lock (one lock fewer per lock call).
+    slot: Option<Arc<Mutex<Slot>>>,
 }
 
 impl GrantReceiver {
     /// Polls for the grant.
     pub(crate) fn poll_grant(&mut self, cx: &mut Context<'_>) -> Poll<Result<Granted, NotGranted>> {
-        let mut slot = lock(&self.slot);
-        match slot.state {
-            SlotState::Granted(granted) => {
-                slot.state = SlotState::Received;
-                self.finished = true;
-                Poll::Ready(Ok(granted))
-            }
-            SlotState::Closed => {
-                self.finished = true;
-                Poll::Ready(Err(NotGranted::Closed))
-            }
-            SlotState::WouldBlock => {
-                self.finished = true;
-                Poll::Ready(Err(NotGranted::WouldBlock))
-            }
-            SlotState::Sent | SlotState::Queued(_) => {
-                match &mut slot.waker {
-                    Some(waker) if waker.will_wake(cx.waker()) => {}
-                    waker => *waker = Some(cx.waker().clone()),
+        // Polled after completion or after giving up: behave like a closed channel rather
+        // than panic.
+        let Some(slot) = &self.slot else {
+            return Poll::Ready(Err(NotGranted::Closed));
+        };
+        let outcome = {
+            let mut slot = lock(slot);
+            match slot.state {
+                SlotState::Granted(granted) => {
+                    slot.state = SlotState::Received;
+                    Ok(granted)
                 }
-                Poll::Pending
+                SlotState::Closed | SlotState::Received | SlotState::Abandoned => {
+                    Err(NotGranted::Closed)
+                }
+                SlotState::WouldBlock => Err(NotGranted::WouldBlock),
+                SlotState::Sent | SlotState::Queued(_) => {
+                    match &mut slot.waker {
+                        Some(waker) if waker.will_wake(cx.waker()) => {}
+                        waker => *waker = Some(cx.waker().clone()),
+                    }
+                    return Poll::Pending;
+                }
             }
-            // Polled after completion or after giving up: behave like a closed channel rather
-            // than panic.
-            SlotState::Received | SlotState::Abandoned => Poll::Ready(Err(NotGranted::Closed)),
-        }
+        };
+        self.slot = None;
+        Poll::Ready(outcome)
     }
 
     /// Gives up on the grant and says what the actor must be told so that nothing is left
     /// behind. Idempotent: a second call returns [`Undo::Nothing`].
     pub(crate) fn abandon(&mut self) -> Undo {
-        if self.finished {
+        let Some(slot) = self.slot.take() else {
             return Undo::Nothing;
-        }
-        let mut slot = lock(&self.slot);
+        };
+        let mut slot = lock(&slot);
         let undo = match slot.state {
             SlotState::Sent => Undo::Nothing,
             SlotState::Queued(waiter_id) => Undo::Cancel(waiter_id),
