@@ -14,6 +14,13 @@
 //! still be handled before it: between the two kinds, "arrival" (and so FIFO among waiters)
 //! is the moment the registry takes each one.
 //!
+//! # Sharded registries
+//!
+//! A registry built with [`shards`](crate::RegistryBuilder::shards) has one actor per shard.
+//! Send [`Acquire`] and [`TryAcquire`] to [`LockRegistry::actor_ref_for`] the key: another
+//! shard refuses them with `WrongShard` rather than lock the key in a table that does not own
+//! it. [`GetStats`] and [`GetJournal`] answer for the one shard they are sent to.
+//!
 //! ```
 //! use keyed_locks::{LockRegistry, messages::Acquire};
 //!
@@ -28,6 +35,7 @@
 //!
 //! [`LockRegistry`]: crate::LockRegistry
 //! [`LockRegistry::actor_ref`]: crate::LockRegistry::actor_ref
+//! [`LockRegistry::actor_ref_for`]: crate::LockRegistry::actor_ref_for
 
 use kameo::error::Infallible;
 use kameo::reply::{Reply, ReplyError};
