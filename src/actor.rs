@@ -11,6 +11,7 @@
 //! kameo's own signals (stop). Before it hands kameo any mailbox signal, the actor drains the
 //! request channel, so whatever was sent there before is handled first.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::{Future, poll_fn};
 use std::pin::pin;
@@ -68,6 +69,13 @@ pub struct RegistryActor<K: LockKey> {
     doorbell: Arc<Doorbell>,
     /// The doorbell as a waker, made once.
     doorbell_waker: Waker,
+    /// Whether kameo's `StartupFinished` signal has been handed over. Before it, kameo does not
+    /// handle the messages it is given but buffers them and later handles them all in a row,
+    /// with no call to `next` in between, so no request could be drained between two of them.
+    startup_finished: bool,
+    /// Mailbox signals that arrived before `StartupFinished`, held back and handed over one
+    /// per call of `next` once it has passed, each after draining the inbox like any other.
+    early_signals: VecDeque<Signal<Self>>,
     /// Where the journal is left when the actor stops, for reading after a shutdown.
     final_journal: Arc<OnceLock<Journal<K>>>,
     /// Which shard of the registry this actor is.
@@ -114,6 +122,8 @@ impl<K: LockKey> RegistryActor<K> {
             mailbox_open: true,
             doorbell_waker: Waker::from(Arc::clone(&doorbell)),
             doorbell,
+            startup_finished: false,
+            early_signals: VecDeque::new(),
             final_journal: config.final_journal,
             shard: config.shard,
             router: config.router,
@@ -377,6 +387,12 @@ impl<K: LockKey> Actor for RegistryActor<K> {
         _: WeakActorRef<Self>,
         mailbox_rx: &mut MailboxReceiver<Self>,
     ) -> Result<Option<Signal<Self>>, Infallible> {
+        if self.startup_finished
+            && let Some(signal) = self.early_signals.pop_front()
+        {
+            self.drain_requests();
+            return Ok(Some(signal));
+        }
         loop {
             // Requests first; the mailbox only when its doorbell rang, both while waiting and
             // after every batch, so a busy inbox cannot starve a stop.
@@ -408,10 +424,16 @@ impl<K: LockKey> Actor for RegistryActor<K> {
                 wake => wake,
             };
             match wake {
-                Wake::Mailbox(Some(signal)) => {
+                Wake::Mailbox(Some(signal)) if self.startup_finished => {
                     self.drain_requests();
                     return Ok(Some(signal));
                 }
+                Wake::Mailbox(Some(Signal::StartupFinished)) => {
+                    self.startup_finished = true;
+                    self.drain_requests();
+                    return Ok(Some(Signal::StartupFinished));
+                }
+                Wake::Mailbox(Some(early)) => self.early_signals.push_back(early),
                 // No `ActorRef` is left, but guards may still send releases.
                 Wake::Mailbox(None) => self.mailbox_open = false,
                 // Every handle and every guard is gone: nobody can send a request again.

@@ -1,7 +1,12 @@
 //! The message-passing API: `ask(Acquire)` yields the guard once granted, in FIFO order with
 //! `lock` by the moment the registry takes each request; whatever happened before a message
 //! (a dropped guard) is visible to it; messages sent with `tell` cannot wedge a key or stop
-//! the registry.
+//! the registry; messages are taken even when several arrive at once or the request traffic is
+//! heavy.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use keyed_locks::LockRegistry;
 use keyed_locks::messages::{Acquire, GetStats, TryAcquire};
@@ -69,4 +74,55 @@ async fn ask_try_acquire_reports_would_block_as_a_handler_error() {
         ),
         "{error:?}"
     );
+}
+
+#[tokio::test]
+async fn messages_sent_back_to_back_are_all_handled() {
+    // The actor looks at its mailbox only after the mailbox rang; several messages queued
+    // behind one ring must still all be taken.
+    let registry = LockRegistry::spawn();
+    let actor = registry.actor_ref();
+    for round in 0..20 {
+        actor.tell(TryAcquire { key: round }).await.unwrap();
+        actor.tell(TryAcquire { key: round + 100 }).await.unwrap();
+        let stats = tokio::time::timeout(Duration::from_secs(10), actor.ask(GetStats))
+            .await
+            .expect("a message queued behind others was never taken")
+            .unwrap();
+        assert_eq!(stats.held, 0, "the tells' guards were dropped at once");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_registry_still_answers_messages_and_stops() {
+    let registry = LockRegistry::spawn();
+    let busy = Arc::new(AtomicBool::new(true));
+    let lockers: Vec<_> = (0..4u64)
+        .map(|task| {
+            let (registry, busy) = (registry.clone(), busy.clone());
+            tokio::spawn(async move {
+                let mut key = task;
+                while busy.load(Ordering::Relaxed) {
+                    key = (key * 31 + 7) % 64;
+                    drop(registry.lock(key).await);
+                }
+            })
+        })
+        .collect();
+    // One generous bound for all of them, so that a starved mailbox fails in seconds.
+    tokio::time::timeout(Duration::from_secs(20), async {
+        for _ in 0..200 {
+            registry.actor_ref().ask(GetStats).await.unwrap();
+        }
+    })
+    .await
+    .expect("messages were starved by the request traffic");
+    tokio::time::timeout(Duration::from_secs(10), registry.shutdown())
+        .await
+        .expect("the stop was starved by the request traffic");
+    busy.store(false, Ordering::Relaxed);
+    for locker in lockers {
+        locker.await.unwrap();
+    }
+    assert!(registry.is_closed());
 }
