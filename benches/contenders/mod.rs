@@ -38,40 +38,26 @@ pub trait Contender: Send + Sync + Sized + 'static {
     }
 }
 
-/// This crate: one registry actor.
-pub struct Ours(keyed_locks::LockRegistry<u64>);
-
-impl Contender for Ours {
-    const NAME: &'static str = "keyed-locks";
-    type Guard<'a> = keyed_locks::KeyGuard<u64>;
-
-    fn new(_keys: usize) -> Self {
-        Ours(keyed_locks::LockRegistry::spawn())
-    }
-
-    async fn lock(&self, key: u64) -> Self::Guard<'_> {
-        self.0.lock(key).await.expect("the registry is open")
-    }
-
-    async fn entries(&self) -> Option<usize> {
-        Some(self.0.stats().await.expect("the registry is open").keys)
-    }
-
-    async fn close(&self) {
-        self.0.shutdown().await;
-    }
-}
+/// This crate with its default single registry actor.
+pub type Ours = OursWithShards<1>;
 
 /// This crate with one registry actor per worker thread: `RegistryBuilder::shards(2)`.
-pub struct OursSharded(keyed_locks::LockRegistry<u64>);
+pub type OursSharded = OursWithShards<2>;
 
-impl Contender for OursSharded {
-    const NAME: &'static str = "keyed-locks-2-shards";
+/// This crate, built with `SHARDS` registry actors.
+pub struct OursWithShards<const SHARDS: usize>(keyed_locks::LockRegistry<u64>);
+
+impl<const SHARDS: usize> Contender for OursWithShards<SHARDS> {
+    const NAME: &'static str = match SHARDS {
+        1 => "keyed-locks",
+        2 => "keyed-locks-2-shards",
+        _ => "keyed-locks-n-shards",
+    };
     type Guard<'a> = keyed_locks::KeyGuard<u64>;
 
     fn new(_keys: usize) -> Self {
-        let shards = std::num::NonZeroUsize::new(2).expect("2 is not zero");
-        OursSharded(keyed_locks::LockRegistry::builder().shards(shards).spawn())
+        let shards = std::num::NonZeroUsize::new(SHARDS).expect("a registry has a shard");
+        OursWithShards(keyed_locks::LockRegistry::builder().shards(shards).spawn())
     }
 
     async fn lock(&self, key: u64) -> Self::Guard<'_> {
