@@ -5,11 +5,12 @@
 //! handles a request: every request is handled to the end before the next one starts, which
 //! is what makes the table's rules hold across tasks and threads.
 //!
-//! Requests arrive on two channels. The request channel ([`crate::request`]) carries every
-//! call of the handle and every release of a guard; the actor drains it in batches from
-//! [`Actor::next`]. kameo's mailbox carries the public [`messages`](crate::messages) and
-//! kameo's own signals (stop). Before it hands kameo any mailbox signal, the actor drains the
-//! request channel, so whatever was sent there before is handled first.
+//! Requests arrive on two channels. The inbox ([`crate::inbox`], carrying
+//! [`crate::request`]s) takes every call of the handle and every release of a guard; the actor
+//! takes it a whole batch at a time in [`Actor::next`]. kameo's mailbox carries the public
+//! [`messages`](crate::messages) and kameo's own signals (stop), and is looked at when its
+//! doorbell rang ([`crate::doorbell`]). Before it hands kameo any mailbox signal, the actor
+//! drains the inbox, so whatever was sent there before is handled first.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -380,8 +381,8 @@ impl<K: LockKey> Actor for RegistryActor<K> {
         Ok(RegistryActor::new(config))
     }
 
-    /// Serves the request channel in batches, and returns to kameo only for a mailbox signal
-    /// (after draining the request channel, for ordering) or when nobody is left to send.
+    /// Serves the inbox in batches, and returns to kameo only for a mailbox signal (after
+    /// draining the inbox, for ordering) or when nobody is left to send.
     async fn next(
         &mut self,
         _: WeakActorRef<Self>,
