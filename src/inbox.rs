@@ -189,7 +189,7 @@ impl<T> Receiver<T> {
         std::future::poll_fn(|cx| self.poll_batch(cx, batch)).await
     }
 
-    /// [`recv_batch`](Self::recv_batch) as a poll function.
+    /// The poll function behind `recv_batch`: the same contract, for use inside a `poll_fn`.
     pub(crate) fn poll_batch(&mut self, cx: &mut Context<'_>, batch: &mut Vec<T>) -> Poll<usize> {
         let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         let mut state = self.shared.lock();

@@ -518,7 +518,7 @@ impl<K: LockKey> fmt::Debug for LockRegistry<K> {
 }
 
 /// The waiting half of a `lock` or `try_lock` call. Dropping it before the grant is received
-/// tells the registry what to undo (see [`grant`](crate::grant) for the cases).
+/// tells the registry what to undo (see [`crate::grant`] for the cases).
 struct PendingGrant<'a, K> {
     receiver: GrantReceiver,
     requests: &'a RequestSender<K>,

@@ -1,7 +1,7 @@
-//! The requests handles and guards send to the registry actor on its request channel.
+//! The requests handles and guards send to the registry actor through its inbox.
 //!
 //! Every call of [`LockRegistry`](crate::LockRegistry) and every guard's release travels in
-//! one [`inbox`](crate::inbox), which the actor empties a batch at a time. One inbox for all
+//! one [`crate::inbox`], which the actor empties a batch at a time. One inbox for all
 //! of them is what keeps a task's requests in program order. It bypasses kameo's mailbox,
 //! which boxes every message and runs each in its own unwind guard: for a lock and a release
 //! that was most of the cost (ARCHITECTURE.md, "Performance"). kameo still runs the actor,
