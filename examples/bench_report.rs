@@ -1,12 +1,16 @@
 //! Turns the benchmark results into the tables and the chart of the README.
 //!
-//! Reads criterion's estimates (`target/criterion/<workload>/<implementation>/new/`, written by
-//! `cargo bench --bench peers`) and `target/bench-report/memory.json` (written by
-//! `cargo bench --bench memory`), prints the workload tables as Markdown with the machine they
-//! ran on, saves them to `target/bench-report/report.md` and draws `docs/bench.svg`.
+//! Reads `target/bench-report/interleaved.json` (written by `cargo bench --bench interleaved`,
+//! the contenders taking turns round after round), criterion's estimates
+//! (`target/criterion/<workload>/<implementation>/new/`, written by `cargo bench --bench
+//! peers`) and `target/bench-report/memory.json` (written by `cargo bench --bench memory`),
+//! prints the tables as Markdown with the machine they ran on, saves them to
+//! `target/bench-report/report.md` and draws `docs/bench.svg` (throughput from the
+//! interleaved run when there is one, else from criterion).
 //!
 //! ```text
-//! cargo bench --bench peers && cargo bench --bench memory && cargo run --example bench_report
+//! cargo bench --bench interleaved && cargo bench --bench peers && cargo bench --bench memory
+//! cargo run --release --example bench_report
 //! ```
 
 use std::error::Error;
@@ -122,11 +126,15 @@ fn main() -> Result<(), Box<dyn Error>> {
         .unwrap_or_else(|| crate_dir.join("target"));
 
     let throughput = read_throughput(&target_dir.join("criterion"));
+    let interleaved = read_json(&target_dir.join("bench-report").join("interleaved.json"));
     let memory = read_memory(&target_dir.join("bench-report").join("memory.json"));
     let machine = machine();
 
     let mut report = String::new();
     writeln!(report, "Machine: {machine}\n")?;
+    if let Some(interleaved) = &interleaved {
+        writeln!(report, "{}", interleaved_table(interleaved))?;
+    }
     writeln!(report, "{}", throughput_table(&throughput))?;
     match &memory {
         Some(memory) => writeln!(report, "{}", memory_table(memory))?,
@@ -142,7 +150,10 @@ fn main() -> Result<(), Box<dyn Error>> {
     std::fs::write(report_dir.join("report.md"), &report)?;
     let chart = crate_dir.join("docs").join("bench.svg");
     std::fs::create_dir_all(crate_dir.join("docs"))?;
-    std::fs::write(&chart, svg(&throughput, memory.as_ref(), &machine))?;
+    let charted = interleaved
+        .as_ref()
+        .map_or_else(|| throughput.clone(), interleaved_medians);
+    std::fs::write(&chart, svg(&charted, memory.as_ref(), &machine))?;
     eprintln!(
         "wrote {} and {}",
         report_dir.join("report.md").display(),
@@ -171,6 +182,73 @@ fn read_throughput(criterion_dir: &Path) -> Throughput {
                 .collect()
         })
         .collect()
+}
+
+/// The medians of the interleaved run, indexed like [`read_throughput`]'s result.
+fn interleaved_medians(interleaved: &Value) -> Throughput {
+    WORKLOADS
+        .iter()
+        .map(|workload| {
+            let row = interleaved_row(interleaved, workload.name);
+            ALL.iter()
+                .map(|name| row?["contenders"][name]["median"].as_f64())
+                .collect()
+        })
+        .collect()
+}
+
+fn interleaved_row<'a>(interleaved: &'a Value, workload: &str) -> Option<&'a Value> {
+    interleaved["workloads"]
+        .as_array()?
+        .iter()
+        .find(|row| row["name"] == workload)
+}
+
+/// "median (min–max)" of a summary in the interleaved JSON, with a unit suffix.
+fn spread_cell(summary: &Value, suffix: &str) -> String {
+    match (
+        summary["median"].as_f64(),
+        summary["min"].as_f64(),
+        summary["max"].as_f64(),
+    ) {
+        (Some(median), Some(min), Some(max)) => {
+            format!("{median:.2}{suffix} ({min:.2}–{max:.2})")
+        }
+        _ => "–".to_owned(),
+    }
+}
+
+fn interleaved_table(interleaved: &Value) -> String {
+    let rounds = interleaved["rounds"].as_u64().unwrap_or(0);
+    let mut table = format!(
+        "Throughput, the contenders taking turns: median million lock/unlock pairs per second \
+         over {rounds} rounds (min–max; higher is better). The ratio is the median of each \
+         round's ratio to that round's best peer:\n\n| workload |"
+    );
+    for name in ALL {
+        let _ = write!(table, " {name} |");
+    }
+    table.push_str(" ours / best peer | 2 shards / best peer | target |\n|---|");
+    table.push_str(&"--:|".repeat(ALL.len() + 3));
+    table.push('\n');
+    for workload in &WORKLOADS {
+        let Some(row) = interleaved_row(interleaved, workload.name) else {
+            continue;
+        };
+        let _ = write!(table, "| `{}`: {} |", workload.name, workload.shape);
+        for name in ALL {
+            let _ = write!(table, " {} |", spread_cell(&row["contenders"][name], ""));
+        }
+        for name in [OURS, OURS_SHARDED] {
+            let _ = write!(
+                table,
+                " {} |",
+                spread_cell(&row["ratio_to_best_peer"][name], "×")
+            );
+        }
+        let _ = writeln!(table, " ≥ {:.1}× |", workload.target);
+    }
+    table
 }
 
 fn read_memory(path: &Path) -> Option<Value> {
@@ -222,7 +300,8 @@ fn cell(value: Option<f64>, decimals: usize) -> String {
 
 fn throughput_table(throughput: &Throughput) -> String {
     let mut table = String::from(
-        "Throughput, million lock/unlock pairs per second (higher is better):\n\n| workload |",
+        "Throughput, criterion (`cargo bench --bench peers`, one contender after the other): \
+         million lock/unlock pairs per second (higher is better):\n\n| workload |",
     );
     for name in ALL {
         let _ = write!(table, " {name} |");
