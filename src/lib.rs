@@ -59,10 +59,9 @@
 //! - **Across processes or machines**: this registry lives in one process. Use a database or
 //!   a lease service (and check the fencing token at the resource).
 //! - **Throughput above all**: every lock is a round trip to an actor. On the repository's
-//!   benchmarks the best mutex-map crate does 1.6× (many tasks on one key) to 5× (one task
-//!   on free keys) more lock/unlock pairs per second; with many tasks over many keys we are
-//!   level with some and behind the best. The README has the figures and the command that
-//!   measures them.
+//!   benchmarks the best mutex-map crate does 1.3× (many tasks over many keys) to 5× (one
+//!   task on free keys) more lock/unlock pairs per second. The README has the figures and
+//!   the commands that measure them.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
