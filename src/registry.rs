@@ -569,9 +569,11 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// Splits the keys among `count` registry actors (shards), each the single owner of the
     /// keys that hash to it. One by default.
     ///
-    /// More shards let several cores do bookkeeping at once when many tasks lock many keys;
-    /// one task locking keys in turn gains nothing and pays a little (see the README's
-    /// benchmarks). Every rule holds per key: mutual exclusion, FIFO, cancel safety, fencing
+    /// More shards let several cores do bookkeeping at once when many tasks lock many keys
+    /// and one actor cannot keep up. On the repository's 2-core benchmarks that never
+    /// happened: 2 shards did as well as one with many tasks and 15% worse for one task
+    /// locking keys in turn, which alternates between actors (see the README). Measure on
+    /// your own machine before raising it. Every rule holds per key: mutual exclusion, FIFO, cancel safety, fencing
     /// tokens increasing per key (they are unique across shards, but two keys in different
     /// shards are not ordered by them). Each shard keeps its own journal
     /// ([`LockRegistry::journals`]). With more than one shard, keys are hashed by the caller

@@ -1,6 +1,7 @@
 //! Dropping a waiting `lock`, `try_lock` or `ask(Acquire)` future at any moment leaves no
 //! entry behind and no key stuck.
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -139,7 +140,21 @@ async fn timeout_storm_keeps_exclusion_and_leaves_nothing() {
 /// grants on another thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_storm_across_threads_leaves_nothing() {
-    let registry = LockRegistry::spawn();
+    timeout_storm_across_threads(LockRegistry::spawn()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_storm_across_threads_leaves_nothing_in_any_shard() {
+    timeout_storm_across_threads(sharded(3)).await;
+}
+
+fn sharded(shards: usize) -> LockRegistry<u64> {
+    LockRegistry::builder()
+        .shards(NonZeroUsize::new(shards).unwrap())
+        .spawn()
+}
+
+async fn timeout_storm_across_threads(registry: LockRegistry<u64>) {
     let tasks: Vec<_> = (0..2_000u64)
         .map(|n| {
             let registry = registry.clone();
@@ -179,7 +194,15 @@ async fn losing_select_branches_leave_nothing() {
 /// flight, and while holding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aborted_tasks_at_any_point_leave_nothing() {
-    let registry = LockRegistry::spawn();
+    aborted_tasks_at_any_point(LockRegistry::spawn()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_tasks_at_any_point_leave_nothing_in_any_shard() {
+    aborted_tasks_at_any_point(sharded(3)).await;
+}
+
+async fn aborted_tasks_at_any_point(registry: LockRegistry<u64>) {
     for round in 0..200u64 {
         let tasks: Vec<_> = (0..20u64)
             .map(|n| {
