@@ -224,11 +224,7 @@ impl<K: LockKey> LockRegistry<K> {
     pub async fn stats(&self) -> Result<RegistryStats, LockError> {
         let mut total = RegistryStats::default();
         for shard in self.shards.iter() {
-            let stats = shard.ask(|reply| Request::Stats { reply }).await?;
-            total.keys += stats.keys;
-            total.held += stats.held;
-            total.waiting += stats.waiting;
-            total.grants += stats.grants;
+            total.add(shard.ask(|reply| Request::Stats { reply }).await?);
         }
         Ok(total)
     }

@@ -20,3 +20,13 @@ pub struct RegistryStats {
     /// handed out.
     pub grants: u64,
 }
+
+impl RegistryStats {
+    /// Adds another shard's counts to these: every count is a sum over shards.
+    pub(crate) fn add(&mut self, shard: RegistryStats) {
+        self.keys += shard.keys;
+        self.held += shard.held;
+        self.waiting += shard.waiting;
+        self.grants += shard.grants;
+    }
+}
