@@ -53,7 +53,7 @@ fn measure(runtime: &Arc<tokio::runtime::Runtime>, workload: Workload) -> Measur
         runs.push(Box::new(move |round| {
             runtime_for_run.block_on(workload.run(&for_run, round))
         }));
-        finishes.push(Box::new(move || finish(&runtime_for_finish, &*for_finish, workload)));
+        finishes.push(Box::new(move || workload.finish(&runtime_for_finish, &*for_finish)));
     });
     let mut rates = vec![Vec::with_capacity(ROUNDS); runs.len()];
     let mut run_number = 0;
@@ -72,21 +72,6 @@ fn measure(runtime: &Arc<tokio::runtime::Runtime>, workload: Workload) -> Measur
         finish();
     }
     Measured { names, rates }
-}
-
-/// Not a measurement, a sanity check as in `peers.rs`: every contender must be empty after
-/// clean runs. Then stops whatever it runs in the background.
-fn finish<C: Contender>(runtime: &tokio::runtime::Runtime, contender: &C, workload: Workload) {
-    if let Some(entries) = runtime.block_on(contender.entries())
-        && entries != 0
-    {
-        eprintln!(
-            "warning: {} left {entries} entries after {}",
-            C::NAME,
-            workload.name()
-        );
-    }
-    runtime.block_on(contender.close());
 }
 
 fn median(values: &[f64]) -> f64 {

@@ -42,17 +42,7 @@ fn bench_contender<C: Contender>(
         })
     });
     group.finish();
-    // Not a measurement, a sanity check: every contender must be empty after a clean run.
-    if let Some(entries) = runtime.block_on(contender.entries())
-        && entries != 0
-    {
-        eprintln!(
-            "warning: {} left {entries} entries after {}",
-            C::NAME,
-            workload.name()
-        );
-    }
-    runtime.block_on(contender.close());
+    workload.finish(runtime, &*contender);
 }
 
 fn main() {

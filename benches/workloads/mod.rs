@@ -81,6 +81,22 @@ impl Workload {
         }
         start.elapsed()
     }
+
+    /// After a contender's last run of this workload: warns if it kept any entry (not a
+    /// measurement, a sanity check: every contender must be empty after clean runs), then
+    /// stops whatever it runs in the background.
+    pub fn finish<C: Contender>(self, runtime: &tokio::runtime::Runtime, contender: &C) {
+        if let Some(entries) = runtime.block_on(contender.entries())
+            && entries != 0
+        {
+            eprintln!(
+                "warning: {} left {entries} entries after {}",
+                C::NAME,
+                self.name()
+            );
+        }
+        runtime.block_on(contender.close());
+    }
 }
 
 /// The key sequence of one task: sequential and fresh for `distinct`, a fixed pseudo-random
