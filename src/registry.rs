@@ -579,7 +579,7 @@ impl<K: LockKey> RegistryBuilder<K> {
     ///
     /// More shards let several cores do bookkeeping at once when many tasks lock many keys
     /// and one actor cannot keep up. On the repository's 2-core benchmarks that never
-    /// happened: 2 shards did as well as one with many tasks and 15% worse for one task
+    /// happened: 2 shards did as well as one with many tasks and 14–17% worse for one task
     /// locking keys in turn, which alternates between actors (see the README). Measure on
     /// your own machine before raising it. Every rule holds per key: mutual exclusion, FIFO, cancel safety, fencing
     /// tokens increasing per key (they are unique across shards, but two keys in different
