@@ -4,10 +4,9 @@
 //! The actor waits on two sources, its request inbox and kameo's mailbox, but the mailbox
 //! carries only the rare public messages and stop signals. Polling it at every wake-up (one
 //! pop, a waker registration and a second pop) cost a tenth of the instructions of a
-//! lock/unlock pair (ARCHITECTURE.md, "Performance"). Instead the
-//! actor polls the mailbox with this waker: when kameo's channel wakes it, the doorbell sets
-//! a flag and wakes the actor's task, and the actor polls the mailbox again only while the
-//! flag is set.
+//! lock/unlock pair (ARCHITECTURE.md, "Performance"). Instead the actor polls the mailbox
+//! with this waker: when kameo's channel wakes it, the doorbell sets a flag and wakes the
+//! actor's task, and the actor polls the mailbox again only while the flag is set.
 //!
 //! The rule that makes this lose nothing: *the flag is cleared only by a mailbox poll that
 //! returned `Pending`*, which leaves the doorbell registered with the mailbox, so the next
