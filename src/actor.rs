@@ -9,10 +9,10 @@
 //! [`crate::request`]s) takes every call of the handle and every release of a guard; the actor
 //! takes it a whole batch at a time in [`Actor::next`]. kameo's mailbox carries the public
 //! [`messages`](crate::messages) and kameo's own signals (stop), and is looked at when its
-//! doorbell rang ([`crate::doorbell`]). Before it hands kameo any mailbox signal, the actor
-//! drains the inbox, so whatever was sent there before is handled first.
+//! doorbell rang ([`crate::doorbell`]). Before it hands kameo any mailbox signal, and again
+//! when a message handler starts, the actor drains the inbox, so whatever was sent there
+//! before is handled first.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::{Future, poll_fn};
 use std::pin::pin;
@@ -70,13 +70,6 @@ pub struct RegistryActor<K: LockKey> {
     doorbell: Arc<Doorbell>,
     /// The doorbell as a waker, made once.
     doorbell_waker: Waker,
-    /// Whether kameo's `StartupFinished` signal has been handed over. Before it, kameo does not
-    /// handle the messages it is given but buffers them and later handles them all in a row,
-    /// with no call to `next` in between, so no request could be drained between two of them.
-    startup_finished: bool,
-    /// Mailbox signals that arrived before `StartupFinished`, held back and handed over one
-    /// per call of `next` once it has passed, each after draining the inbox like any other.
-    early_signals: VecDeque<Signal<Self>>,
     /// Where the journal is left when the actor stops, for reading after a shutdown.
     final_journal: Arc<OnceLock<Journal<K>>>,
     /// Which shard of the registry this actor is.
@@ -123,8 +116,6 @@ impl<K: LockKey> RegistryActor<K> {
             mailbox_open: true,
             doorbell_waker: Waker::from(Arc::clone(&doorbell)),
             doorbell,
-            startup_finished: false,
-            early_signals: VecDeque::new(),
             final_journal: config.final_journal,
             shard: config.shard,
             router: config.router,
@@ -156,6 +147,11 @@ impl<K: LockKey> RegistryActor<K> {
 
     /// Handles every request already in the inbox, without waiting for more. Requests sent
     /// while a batch is handled form the next batch.
+    ///
+    /// Called before a mailbox signal goes to kameo, and first thing in every message handler:
+    /// kameo handles the messages that arrive before its start-up has finished in a row, from
+    /// a buffer, without calling `next` in between, so only the handler itself can be sure
+    /// that a release sent while the previous message was handled comes first.
     fn drain_requests(&mut self) {
         while self.requests.try_recv_batch(&mut self.batch) > 0 {
             self.handle_batch();
@@ -388,12 +384,6 @@ impl<K: LockKey> Actor for RegistryActor<K> {
         _: WeakActorRef<Self>,
         mailbox_rx: &mut MailboxReceiver<Self>,
     ) -> Result<Option<Signal<Self>>, Infallible> {
-        if self.startup_finished
-            && let Some(signal) = self.early_signals.pop_front()
-        {
-            self.drain_requests();
-            return Ok(Some(signal));
-        }
         loop {
             // Requests first; the mailbox only when its doorbell rang, both while waiting and
             // after every batch, so a busy inbox cannot starve a stop.
@@ -425,16 +415,11 @@ impl<K: LockKey> Actor for RegistryActor<K> {
                 wake => wake,
             };
             match wake {
-                Wake::Mailbox(Some(signal)) if self.startup_finished => {
+                Wake::Mailbox(Some(signal)) => {
+                    // For a stop: what was sent before it is handled before `on_stop` closes.
                     self.drain_requests();
                     return Ok(Some(signal));
                 }
-                Wake::Mailbox(Some(Signal::StartupFinished)) => {
-                    self.startup_finished = true;
-                    self.drain_requests();
-                    return Ok(Some(Signal::StartupFinished));
-                }
-                Wake::Mailbox(Some(early)) => self.early_signals.push_back(early),
                 // No `ActorRef` is left, but guards may still send releases.
                 Wake::Mailbox(None) => self.mailbox_open = false,
                 // Every handle and every guard is gone: nobody can send a request again.
@@ -464,6 +449,7 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
         Acquire { key }: Acquire<K>,
         ctx: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
+        self.drain_requests();
         let (delegated, reply) = ctx.reply_sender();
         let Some(reply) = reply else {
             debug!(
@@ -498,6 +484,7 @@ impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
         TryAcquire { key }: TryAcquire<K>,
         ctx: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
+        self.drain_requests();
         if !self.owns(&key) {
             debug!(?key, "try acquire sent to the wrong shard: refused");
             return ctx.reply(Err(TryLockError::WrongShard));
@@ -523,6 +510,7 @@ impl<K: LockKey> Message<GetStats> for RegistryActor<K> {
     type Reply = RegistryStats;
 
     async fn handle(&mut self, _: GetStats, _: &mut Context<Self, RegistryStats>) -> RegistryStats {
+        self.drain_requests();
         self.stats()
     }
 }
@@ -531,6 +519,7 @@ impl<K: LockKey> Message<GetJournal> for RegistryActor<K> {
     type Reply = Journal<K>;
 
     async fn handle(&mut self, _: GetJournal, _: &mut Context<Self, Journal<K>>) -> Journal<K> {
+        self.drain_requests();
         self.table.journal()
     }
 }
