@@ -349,38 +349,14 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// Calls `$body` once per contender, with `$c` bound to the contender's type, in table order.
 #[macro_export]
 macro_rules! for_each_contender {
-    ($c:ident => $body:expr) => {{
-        {
-            type $c = $crate::contenders::Ours;
+    ($c:ident => $body:expr) => {
+        $crate::for_each_contender!(@each $c => $body;
+            Ours, OursSharded, LockablePeer, KeyedLockPeer, KeyMutexPeer, Seed, NaiveActor, Floor)
+    };
+    (@each $c:ident => $body:expr; $($contender:ident),*) => {{
+        $({
+            type $c = $crate::contenders::$contender;
             $body
-        }
-        {
-            type $c = $crate::contenders::OursSharded;
-            $body
-        }
-        {
-            type $c = $crate::contenders::LockablePeer;
-            $body
-        }
-        {
-            type $c = $crate::contenders::KeyedLockPeer;
-            $body
-        }
-        {
-            type $c = $crate::contenders::KeyMutexPeer;
-            $body
-        }
-        {
-            type $c = $crate::contenders::Seed;
-            $body
-        }
-        {
-            type $c = $crate::contenders::NaiveActor;
-            $body
-        }
-        {
-            type $c = $crate::contenders::Floor;
-            $body
-        }
+        })*
     }};
 }
