@@ -182,7 +182,7 @@ fn waiting_tasks<C: Contender>(runtime: &tokio::runtime::Runtime) -> f64 {
 
 /// Heap bytes per `lock` future waiting on one held key, each boxed and polled once by one
 /// task: the future's own size plus what the registry keeps per waiter, without a tokio task.
-fn waiting_futures<C: Contender>(runtime: &tokio::runtime::Runtime) -> f64 {
+fn waiting_futures<C: Contender>(runtime: &tokio::runtime::Runtime) -> (f64, usize) {
     runtime.block_on(async {
         // Declared first so that it outlives the futures borrowing it; made after the baseline.
         let contender;
@@ -192,6 +192,7 @@ fn waiting_futures<C: Contender>(runtime: &tokio::runtime::Runtime) -> f64 {
         contender = C::new(1);
         let holder = contender.lock(0).await;
         let mut context = Context::from_waker(Waker::noop());
+        let future_size = std::mem::size_of_val(&contender.lock(0));
         for _ in 0..WAITERS {
             let mut future = Box::pin(contender.lock(0));
             assert!(future.as_mut().poll(&mut context).is_pending());
@@ -203,7 +204,7 @@ fn waiting_futures<C: Contender>(runtime: &tokio::runtime::Runtime) -> f64 {
         drop(futures);
         expect_empty(&contender, "waiting futures").await;
         contender.close().await;
-        bytes as f64 / WAITERS as f64
+        (bytes as f64 / WAITERS as f64, future_size)
     })
 }
 
@@ -332,6 +333,8 @@ struct Row {
     name: &'static str,
     waiter_bytes: f64,
     future_bytes: f64,
+    /// Inline size of a `lock` future, part of `future_bytes` and `waiter_bytes`.
+    future_size: usize,
     held_key_bytes: f64,
     guard_size: usize,
     timeout_storm: Leftovers,
@@ -341,12 +344,13 @@ struct Row {
 fn measure<C: Contender>(runtime: &tokio::runtime::Runtime) -> Row {
     eprintln!("measuring {}", C::NAME);
     let waiter_bytes = waiting_tasks::<C>(runtime);
-    let future_bytes = waiting_futures::<C>(runtime);
+    let (future_bytes, future_size) = waiting_futures::<C>(runtime);
     let (held_key_bytes, guard_size) = held::<C>(runtime);
     Row {
         name: C::NAME,
         waiter_bytes,
         future_bytes,
+        future_size,
         held_key_bytes,
         guard_size,
         timeout_storm: timeout_storm::<C>(runtime),
@@ -362,18 +366,19 @@ fn markdown(rows: &[Row]) -> String {
     let mut table = String::new();
     table.push_str(
         "| implementation | bytes per waiting task | bytes per waiting future | \
-         bytes per held key | guard size | timeout storm: entries left | \
+         lock future size | bytes per held key | guard size | timeout storm: entries left | \
          timeout storm: allocations left | abort storm: entries left | \
          abort storm: allocations left |\n\
-         |---|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+         |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for row in rows {
         let _ = writeln!(
             table,
-            "| {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
+            "| {} | {:.0} | {:.0} | {} | {:.0} | {} | {} | {} | {} | {} |",
             row.name,
             row.waiter_bytes,
             row.future_bytes,
+            row.future_size,
             row.held_key_bytes,
             row.guard_size,
             entries_cell(row.timeout_storm.entries),
@@ -403,6 +408,7 @@ fn json(rows: &[Row]) -> serde_json::Value {
                 "name": row.name,
                 "waiter_bytes": row.waiter_bytes,
                 "future_bytes": row.future_bytes,
+                "future_size": row.future_size,
                 "held_key_bytes": row.held_key_bytes,
                 "guard_size": row.guard_size,
                 "timeout_storm": leftovers_json(row.timeout_storm),
