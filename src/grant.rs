@@ -15,18 +15,42 @@
 //!
 //! The actor never learns about a give-up by any other route, and every route ends in exactly
 //! one cancel or one release, so no key can be left held by a waiter that is gone.
+//!
+//! ## Spare slots
+//!
+//! Each `lock` call needs a slot that both sides can reach, so it lives on the heap. Instead of
+//! freeing it, whichever side lets go of it last puts it back, reset, into a small per-thread
+//! stock ([`SPARE_SLOTS_PER_THREAD`]) that the next channel made on that thread takes from. A
+//! slot is allocated on one worker and often let go on the other, and with the system
+//! allocator those cross-thread frees are a large part of the channel's cost: reusing slots
+//! made `spread` measurably faster (ARCHITECTURE.md, "Performance"). A slot is reused only when
+//! nobody else holds it (`Arc::get_mut`), so no state can leak from one lock call to the next.
 
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
 use crate::table::WaiterId;
 
+/// Spare slots kept per thread: at most 256 x 64 bytes, 16 KiB. A worker running hundreds of
+/// lock calls takes slots in bursts as their tasks run and gets them back in bursts as grants
+/// arrive; smaller stocks (16, 64) ran out in those bursts and gave back half the gain or more
+/// (ARCHITECTURE.md). Beyond the stock, slots are allocated and freed as before.
+pub(crate) const SPARE_SLOTS_PER_THREAD: usize = 256;
+
+thread_local! {
+    /// Slots nobody holds any more, reset to [`Slot::FRESH`], for the next channel made here.
+    static SPARE_SLOTS: RefCell<Vec<Arc<Mutex<Slot>>>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Creates a grant channel for one acquire request.
 pub(crate) fn channel() -> (GrantSender, GrantReceiver) {
-    let slot = Arc::new(Mutex::new(Slot {
-        state: SlotState::Sent,
-        waker: None,
-    }));
+    // `try_with` fails only while the thread is being torn down; then allocate.
+    let spare = SPARE_SLOTS
+        .try_with(|spare| spare.borrow_mut().pop())
+        .ok()
+        .flatten();
+    let slot = spare.unwrap_or_else(|| Arc::new(Mutex::new(Slot::FRESH)));
     (
         GrantSender {
             slot: Some(Arc::clone(&slot)),
@@ -70,6 +94,31 @@ pub(crate) enum Undo {
 struct Slot {
     state: SlotState,
     waker: Option<Waker>,
+}
+
+impl Slot {
+    /// A slot as a new channel starts: request sent, nobody waiting yet.
+    const FRESH: Slot = Slot {
+        state: SlotState::Sent,
+        waker: None,
+    };
+}
+
+/// Lets go of one side's hold on a slot. The last holder resets it and keeps it as a spare
+/// for this thread, if there is room; otherwise it is freed.
+fn let_go(mut slot: Arc<Mutex<Slot>>) {
+    let Some(unshared) = Arc::get_mut(&mut slot) else {
+        // The other side still holds it; it will be the last.
+        return;
+    };
+    // Dropped here, not kept: a stale waker would keep the previous caller's task alive.
+    *unshared.get_mut().unwrap_or_else(PoisonError::into_inner) = Slot::FRESH;
+    let _ = SPARE_SLOTS.try_with(|spare| {
+        let mut spare = spare.borrow_mut();
+        if spare.len() < SPARE_SLOTS_PER_THREAD {
+            spare.push(slot);
+        }
+    });
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,25 +191,25 @@ impl GrantSender {
         let Some(slot) = self.slot.take() else {
             return Err(Abandoned);
         };
-        let waker = {
+        let outcome = {
             let mut slot = lock(&slot);
             if slot.state == SlotState::Abandoned {
-                return Err(Abandoned);
+                Err(Abandoned)
+            } else {
+                slot.state = SlotState::Granted(granted);
+                Ok(slot.waker.take())
             }
-            slot.state = SlotState::Granted(granted);
-            slot.waker.take()
         };
+        let_go(slot);
         // Wake outside the lock: the woken task may run at once on another worker.
-        if let Some(waker) = waker {
-            waker.wake();
-        }
-        Ok(())
+        outcome.map(|waker| waker.map_or((), Waker::wake))
     }
 
     /// Answers a try-acquire with "the key is taken" and wakes the receiver.
     pub(crate) fn would_block(mut self) {
         if let Some(slot) = self.slot.take() {
             resolve_unless_granted(&slot, SlotState::WouldBlock);
+            let_go(slot);
         }
     }
 }
@@ -187,6 +236,7 @@ impl Drop for GrantSender {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
             resolve_unless_granted(&slot, SlotState::Closed);
+            let_go(slot);
         }
     }
 }
@@ -228,7 +278,9 @@ impl GrantReceiver {
                 }
             }
         };
-        self.slot = None;
+        if let Some(slot) = self.slot.take() {
+            let_go(slot);
+        }
         Poll::Ready(outcome)
     }
 
@@ -238,19 +290,35 @@ impl GrantReceiver {
         let Some(slot) = self.slot.take() else {
             return Undo::Nothing;
         };
-        let mut slot = lock(&slot);
-        let undo = match slot.state {
-            SlotState::Sent => Undo::Nothing,
-            SlotState::Queued(waiter_id) => Undo::Cancel(waiter_id),
-            SlotState::Granted(granted) => Undo::Release(granted.waiter_id),
-            SlotState::Received
-            | SlotState::Abandoned
-            | SlotState::WouldBlock
-            | SlotState::Closed => return Undo::Nothing,
+        let undo = {
+            let mut slot = lock(&slot);
+            let undo = match slot.state {
+                SlotState::Sent => Some(Undo::Nothing),
+                SlotState::Queued(waiter_id) => Some(Undo::Cancel(waiter_id)),
+                SlotState::Granted(granted) => Some(Undo::Release(granted.waiter_id)),
+                SlotState::Received
+                | SlotState::Abandoned
+                | SlotState::WouldBlock
+                | SlotState::Closed => None,
+            };
+            if undo.is_some() {
+                slot.state = SlotState::Abandoned;
+                slot.waker = None;
+            }
+            undo
         };
-        slot.state = SlotState::Abandoned;
-        slot.waker = None;
-        undo
+        let_go(slot);
+        undo.unwrap_or(Undo::Nothing)
+    }
+}
+
+impl Drop for GrantReceiver {
+    fn drop(&mut self) {
+        // Normally the slot was let go when the grant came or on `abandon`; this covers a
+        // receiver dropped without either.
+        if let Some(slot) = self.slot.take() {
+            let_go(slot);
+        }
     }
 }
 
@@ -341,6 +409,81 @@ mod tests {
         assert_eq!(wait.poll(), Poll::Ready(Err(NotGranted::WouldBlock)));
         drop(wait);
         assert_eq!(receiver.abandon(), Undo::Nothing);
+    }
+
+    /// The slot behind a receiver, to tell whether two channels share one.
+    fn slot_of(receiver: &GrantReceiver) -> *const Mutex<Slot> {
+        Arc::as_ptr(receiver.slot.as_ref().expect("the receiver holds its slot"))
+    }
+
+    fn clear_spare_slots() {
+        SPARE_SLOTS.with(|spare| spare.borrow_mut().clear());
+    }
+
+    #[test]
+    fn a_slot_both_sides_let_go_of_is_reused_and_starts_fresh() {
+        clear_spare_slots();
+        let (sender, mut receiver) = channel();
+        let first = slot_of(&receiver);
+        let mut wait = task::spawn(std::future::poll_fn(|cx| receiver.poll_grant(cx)));
+        assert!(wait.poll().is_pending(), "a waker is stored in the slot");
+        sender.queued(waiter(1)).unwrap();
+        sender.grant(granted(1)).unwrap();
+        assert_eq!(wait.poll(), Poll::Ready(Ok(granted(1))));
+        drop(wait);
+
+        let (sender, mut receiver) = channel();
+        assert_eq!(slot_of(&receiver), first, "the spare slot is taken");
+        let slot = receiver.slot.as_ref().unwrap();
+        let slot = lock(slot);
+        assert_eq!(slot.state, SlotState::Sent);
+        assert!(
+            slot.waker.is_none(),
+            "the previous caller's waker was dropped"
+        );
+        drop(slot);
+        // And it works like a new one.
+        assert!(!sender.is_abandoned());
+        sender.grant(granted(2)).unwrap();
+        let mut wait = task::spawn(std::future::poll_fn(|cx| receiver.poll_grant(cx)));
+        assert_eq!(wait.poll(), Poll::Ready(Ok(granted(2))));
+    }
+
+    #[test]
+    fn a_slot_the_other_side_still_holds_is_not_reused() {
+        clear_spare_slots();
+        let (sender, mut receiver) = channel();
+        let abandoned = slot_of(&receiver);
+        sender.queued(waiter(5)).unwrap();
+        assert_eq!(receiver.abandon(), Undo::Cancel(waiter(5)));
+        let (_other_sender, other_receiver) = channel();
+        assert_ne!(
+            slot_of(&other_receiver),
+            abandoned,
+            "the actor still holds it"
+        );
+        // The actor's side sees the give-up, then lets go last: now it is a spare.
+        assert!(sender.is_abandoned());
+        assert_eq!(sender.grant(granted(5)), Err(Abandoned));
+        let (_sender, receiver) = channel();
+        assert_eq!(slot_of(&receiver), abandoned);
+    }
+
+    #[test]
+    fn a_slot_is_64_bytes_as_the_stock_bound_says() {
+        // `SPARE_SLOTS_PER_THREAD` documents the stock's memory with this size.
+        assert_eq!(size_of::<Mutex<Slot>>() + 2 * size_of::<usize>(), 64);
+    }
+
+    #[test]
+    fn spare_slots_are_bounded_per_thread() {
+        clear_spare_slots();
+        let channels: Vec<_> = (0..SPARE_SLOTS_PER_THREAD + 10)
+            .map(|_| channel())
+            .collect();
+        drop(channels);
+        let spare = SPARE_SLOTS.with(|spare| spare.borrow().len());
+        assert_eq!(spare, SPARE_SLOTS_PER_THREAD);
     }
 
     #[test]
