@@ -369,8 +369,11 @@ fn memory_table(memory: &Value) -> String {
         "\n`–`: no count exposed (keyed-lock keeps its map private; the floor has no map). \
          Allocations left: heap blocks still live after the storm and its cleanup, against \
          before it; a leaked entry keeps at least one, so they stand in for keyed-lock's \
-         missing count. A few are a map's retained capacity. The naive actor loses a grant \
-         whose waiter is aborted after the grant was sent: that key stays held for ever.\n",
+         missing count. A few are a map's retained capacity; keyed-locks' include its stock of \
+         spare grant slots, at most 256 per thread and tied to no key, which a storm can leave \
+         larger or smaller than it found it (so the figure can be negative). The naive \
+         actor loses a grant whose waiter is aborted after the grant was sent: that key stays \
+         held for ever.\n",
     );
     table
 }

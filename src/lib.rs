@@ -59,7 +59,7 @@
 //! - **Across processes or machines**: this registry lives in one process. Use a database or
 //!   a lease service (and check the fencing token at the resource).
 //! - **Throughput above all**: every lock is a round trip to an actor. On the repository's
-//!   benchmarks the best mutex-map crate does 1.3× (many tasks over many keys) to 5× (one
+//!   benchmarks the best mutex-map crate does 1.2× (many tasks over many keys) to 5× (one
 //!   task on free keys) more lock/unlock pairs per second. The README has the figures and
 //!   the commands that measure them.
 
