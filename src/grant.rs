@@ -34,8 +34,8 @@ use crate::table::WaiterId;
 
 /// Spare slots kept per thread: at most 256 x 64 bytes, 16 KiB. A worker running hundreds of
 /// lock calls takes slots in bursts as their tasks run and gets them back in bursts as grants
-/// arrive; smaller stocks (16, 64) ran out in those bursts and gave back half the gain or more
-/// (ARCHITECTURE.md). Beyond the stock, slots are allocated and freed as before.
+/// arrive; in trial runs smaller stocks (16, 64) ran out in those bursts and kept only part of
+/// the gain (ARCHITECTURE.md). Beyond the stock, slots are allocated and freed as before.
 pub(crate) const SPARE_SLOTS_PER_THREAD: usize = 256;
 
 thread_local! {
