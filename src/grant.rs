@@ -19,14 +19,16 @@
 //! ## Spare slots
 //!
 //! Each `lock` call needs a slot that both sides can reach, so it lives on the heap. Instead of
-//! freeing it, whichever side lets go of it last puts it back, reset, into a small per-thread
-//! stock ([`SPARE_SLOTS_PER_THREAD`]) that the next channel made on that thread takes from. A
-//! slot is allocated on one worker and often let go on the other, and with the system
-//! allocator those cross-thread frees are a large part of the channel's cost: reusing slots
-//! made `spread` measurably faster (ARCHITECTURE.md, "Performance"). A slot is reused only when
-//! nobody else holds it (`Arc::get_mut`), so no state can leak from one lock call to the next.
+//! freeing it, whichever side drops its [`SlotHold`] last puts it back, reset, into a small
+//! per-thread stock ([`SPARE_SLOTS_PER_THREAD`]) that the next channel made on that thread
+//! takes from. A slot is allocated on one worker and often let go on the other, and with the
+//! system allocator those cross-thread frees are a large part of the channel's cost: reusing
+//! slots made `spread` measurably faster (ARCHITECTURE.md, "Performance"). A slot is reused
+//! only when nobody else holds it (`Arc::get_mut`), so no state can leak from one lock call
+//! to the next. Every way a side lets go (a grant, a give-up, a drop) ends in that one `Drop`.
 
 use std::cell::RefCell;
+use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -35,7 +37,8 @@ use crate::table::WaiterId;
 /// Spare slots kept per thread: at most 256 x 64 bytes, 16 KiB. A worker running hundreds of
 /// lock calls takes slots in bursts as their tasks run and gets them back in bursts as grants
 /// arrive; in trial runs smaller stocks (16, 64) ran out in those bursts and kept only part of
-/// the gain (ARCHITECTURE.md). Beyond the stock, slots are allocated and freed as before.
+/// the gain (scratch runs, not kept; ARCHITECTURE.md). Beyond the stock, slots are allocated
+/// and freed as before.
 pub(crate) const SPARE_SLOTS_PER_THREAD: usize = 256;
 
 thread_local! {
@@ -53,9 +56,11 @@ pub(crate) fn channel() -> (GrantSender, GrantReceiver) {
     let slot = spare.unwrap_or_else(|| Arc::new(Mutex::new(Slot::FRESH)));
     (
         GrantSender {
-            slot: Some(Arc::clone(&slot)),
+            slot: Some(SlotHold(Arc::clone(&slot))),
         },
-        GrantReceiver { slot: Some(slot) },
+        GrantReceiver {
+            slot: Some(SlotHold(slot)),
+        },
     )
 }
 
@@ -104,21 +109,43 @@ impl Slot {
     };
 }
 
-/// Lets go of one side's hold on a slot. The last holder resets it and keeps it as a spare
-/// for this thread, if there is room; otherwise it is freed.
-fn let_go(mut slot: Arc<Mutex<Slot>>) {
-    let Some(unshared) = Arc::get_mut(&mut slot) else {
-        // The other side still holds it; it will be the last.
-        return;
-    };
-    // Dropped here, not kept: a stale waker would keep the previous caller's task alive.
-    *unshared.get_mut().unwrap_or_else(PoisonError::into_inner) = Slot::FRESH;
-    let _ = SPARE_SLOTS.try_with(|spare| {
-        let mut spare = spare.borrow_mut();
-        if spare.len() < SPARE_SLOTS_PER_THREAD {
-            spare.push(slot);
-        }
-    });
+/// One side's hold on a channel's slot. Dropping the last hold resets the slot and keeps it
+/// as a spare for this thread, if there is room; otherwise it is freed.
+struct SlotHold(Arc<Mutex<Slot>>);
+
+impl SlotHold {
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        // No code runs under this lock that can panic, so poisoning cannot happen; if it ever
+        // did, the state is still a plain value and safe to use.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for SlotHold {
+    fn drop(&mut self) {
+        // The other side still holds it: its drop decides. (If both drop at the same moment,
+        // each may see the other's hold and neither keeps it: the slot is then just freed.)
+        let Some(unshared) = Arc::get_mut(&mut self.0) else {
+            return;
+        };
+        // The waker goes now, not when the slot is reused: it keeps the previous caller's task
+        // alive.
+        *unshared.get_mut().unwrap_or_else(PoisonError::into_inner) = Slot::FRESH;
+        // The stock's reference outlives this hold, whose own ends when `drop` returns.
+        let spare = Arc::clone(&self.0);
+        let _ = SPARE_SLOTS.try_with(|stock| {
+            let mut stock = stock.borrow_mut();
+            if stock.len() < SPARE_SLOTS_PER_THREAD {
+                stock.push(spare);
+            }
+        });
+    }
+}
+
+impl fmt::Debug for SlotHold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,19 +166,13 @@ enum SlotState {
     Closed,
 }
 
-fn lock(slot: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
-    // No code runs under this lock that can panic, so poisoning cannot happen; if it ever did,
-    // the state is still a plain value and safe to use.
-    slot.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The actor's end. Dropping it without granting closes the channel, so a waiter whose request
 /// is lost (actor stopped, message dropped) gets [`NotGranted::Closed`] instead of waiting forever.
 #[derive(Debug)]
 pub(crate) struct GrantSender {
     /// `None` once a grant or a would-block was given, so that the drop need not take the lock
     /// again to find out (one lock fewer per lock call, and no flag to make records larger).
-    slot: Option<Arc<Mutex<Slot>>>,
+    slot: Option<SlotHold>,
 }
 
 impl GrantSender {
@@ -159,7 +180,7 @@ impl GrantSender {
     pub(crate) fn is_abandoned(&self) -> bool {
         self.slot
             .as_ref()
-            .is_none_or(|slot| lock(slot).state == SlotState::Abandoned)
+            .is_none_or(|slot| slot.lock().state == SlotState::Abandoned)
     }
 
     /// Records that the request waits under `waiter_id`, so that a give-up becomes a cancel.
@@ -171,7 +192,7 @@ impl GrantSender {
         let Some(slot) = &self.slot else {
             return Err(Abandoned);
         };
-        let mut slot = lock(slot);
+        let mut slot = slot.lock();
         match slot.state {
             SlotState::Sent => {
                 slot.state = SlotState::Queued(waiter_id);
@@ -191,34 +212,36 @@ impl GrantSender {
         let Some(slot) = self.slot.take() else {
             return Err(Abandoned);
         };
-        let outcome = {
-            let mut slot = lock(&slot);
+        let waker = {
+            let mut slot = slot.lock();
             if slot.state == SlotState::Abandoned {
-                Err(Abandoned)
-            } else {
-                slot.state = SlotState::Granted(granted);
-                Ok(slot.waker.take())
+                return Err(Abandoned);
             }
+            slot.state = SlotState::Granted(granted);
+            slot.waker.take()
         };
-        let_go(slot);
+        // Our hold goes first: the receiver, woken, may then be the one to keep the slot.
+        drop(slot);
         // Wake outside the lock: the woken task may run at once on another worker.
-        outcome.map(|waker| waker.map_or((), Waker::wake))
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        Ok(())
     }
 
     /// Answers a try-acquire with "the key is taken" and wakes the receiver.
     pub(crate) fn would_block(mut self) {
         if let Some(slot) = self.slot.take() {
             resolve_unless_granted(&slot, SlotState::WouldBlock);
-            let_go(slot);
         }
     }
 }
 
 /// Moves an unresolved slot to `state` and wakes the receiver; a slot that was granted,
 /// received or abandoned is left as it is.
-fn resolve_unless_granted(slot: &Mutex<Slot>, state: SlotState) {
+fn resolve_unless_granted(slot: &SlotHold, state: SlotState) {
     let waker = {
-        let mut slot = lock(slot);
+        let mut slot = slot.lock();
         match slot.state {
             SlotState::Sent | SlotState::Queued(_) => {
                 slot.state = state;
@@ -236,7 +259,6 @@ impl Drop for GrantSender {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
             resolve_unless_granted(&slot, SlotState::Closed);
-            let_go(slot);
         }
     }
 }
@@ -247,7 +269,7 @@ impl Drop for GrantSender {
 pub(crate) struct GrantReceiver {
     /// `None` once `poll_grant` returned `Ready` or the receiver gave up: nothing is left to
     /// undo, and [`abandon`](Self::abandon) need not take the lock (one lock fewer per lock call).
-    slot: Option<Arc<Mutex<Slot>>>,
+    slot: Option<SlotHold>,
 }
 
 impl GrantReceiver {
@@ -259,7 +281,7 @@ impl GrantReceiver {
             return Poll::Ready(Err(NotGranted::Closed));
         };
         let outcome = {
-            let mut slot = lock(slot);
+            let mut slot = slot.lock();
             match slot.state {
                 SlotState::Granted(granted) => {
                     slot.state = SlotState::Received;
@@ -278,9 +300,7 @@ impl GrantReceiver {
                 }
             }
         };
-        if let Some(slot) = self.slot.take() {
-            let_go(slot);
-        }
+        self.slot = None;
         Poll::Ready(outcome)
     }
 
@@ -290,35 +310,19 @@ impl GrantReceiver {
         let Some(slot) = self.slot.take() else {
             return Undo::Nothing;
         };
-        let undo = {
-            let mut slot = lock(&slot);
-            let undo = match slot.state {
-                SlotState::Sent => Some(Undo::Nothing),
-                SlotState::Queued(waiter_id) => Some(Undo::Cancel(waiter_id)),
-                SlotState::Granted(granted) => Some(Undo::Release(granted.waiter_id)),
-                SlotState::Received
-                | SlotState::Abandoned
-                | SlotState::WouldBlock
-                | SlotState::Closed => None,
-            };
-            if undo.is_some() {
-                slot.state = SlotState::Abandoned;
-                slot.waker = None;
-            }
-            undo
+        let mut slot = slot.lock();
+        let undo = match slot.state {
+            SlotState::Sent => Undo::Nothing,
+            SlotState::Queued(waiter_id) => Undo::Cancel(waiter_id),
+            SlotState::Granted(granted) => Undo::Release(granted.waiter_id),
+            SlotState::Received
+            | SlotState::Abandoned
+            | SlotState::WouldBlock
+            | SlotState::Closed => return Undo::Nothing,
         };
-        let_go(slot);
-        undo.unwrap_or(Undo::Nothing)
-    }
-}
-
-impl Drop for GrantReceiver {
-    fn drop(&mut self) {
-        // Normally the slot was let go when the grant came or on `abandon`; this covers a
-        // receiver dropped without either.
-        if let Some(slot) = self.slot.take() {
-            let_go(slot);
-        }
+        slot.state = SlotState::Abandoned;
+        slot.waker = None;
+        undo
     }
 }
 
@@ -413,7 +417,13 @@ mod tests {
 
     /// The slot behind a receiver, to tell whether two channels share one.
     fn slot_of(receiver: &GrantReceiver) -> *const Mutex<Slot> {
-        Arc::as_ptr(receiver.slot.as_ref().expect("the receiver holds its slot"))
+        Arc::as_ptr(
+            &receiver
+                .slot
+                .as_ref()
+                .expect("the receiver holds its slot")
+                .0,
+        )
     }
 
     fn clear_spare_slots() {
@@ -434,8 +444,7 @@ mod tests {
 
         let (sender, mut receiver) = channel();
         assert_eq!(slot_of(&receiver), first, "the spare slot is taken");
-        let slot = receiver.slot.as_ref().unwrap();
-        let slot = lock(slot);
+        let slot = receiver.slot.as_ref().unwrap().lock();
         assert_eq!(slot.state, SlotState::Sent);
         assert!(
             slot.waker.is_none(),
