@@ -46,14 +46,28 @@ thread_local! {
     static SPARE_SLOTS: RefCell<Vec<Arc<Mutex<Slot>>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Creates a grant channel for one acquire request.
+/// Creates a grant channel for one acquire request that is on its way to the owner.
 pub(crate) fn channel() -> (GrantSender, GrantReceiver) {
+    channel_in(SlotState::Sent)
+}
+
+/// Creates a grant channel for a request the owner has just queued under `waiter_id`, by a
+/// caller that runs the step itself: nobody else knows the channel yet, so it starts queued.
+pub(crate) fn queued_channel(waiter_id: WaiterId) -> (GrantSender, GrantReceiver) {
+    channel_in(SlotState::Queued(waiter_id))
+}
+
+fn channel_in(state: SlotState) -> (GrantSender, GrantReceiver) {
     // `try_with` fails only while the thread is being torn down; then allocate.
     let spare = SPARE_SLOTS
         .try_with(|spare| spare.borrow_mut().pop())
         .ok()
         .flatten();
     let slot = spare.unwrap_or_else(|| Arc::new(Mutex::new(Slot::FRESH)));
+    if state != SlotState::Sent {
+        // Nobody else holds this slot yet, so the lock is uncontended.
+        slot.lock().unwrap_or_else(PoisonError::into_inner).state = state;
+    }
     (
         GrantSender {
             slot: Some(SlotHold(Arc::clone(&slot))),
@@ -202,63 +216,53 @@ impl GrantSender {
         }
     }
 
-    /// Delivers the grant and wakes the receiver.
+    /// Delivers the grant and returns the receiver's waker, for the owner to wake once it has
+    /// let go of the run token.
     ///
     /// # Errors
     ///
     /// [`Abandoned`] if the receiver gave up: the caller must release `granted.waiter_id` itself.
-    pub(crate) fn grant(mut self, granted: Granted) -> Result<(), Abandoned> {
+    pub(crate) fn grant(mut self, granted: Granted) -> Result<Option<Waker>, Abandoned> {
         // Taken: either way nothing is left for the drop to resolve.
         let Some(slot) = self.slot.take() else {
             return Err(Abandoned);
         };
-        let waker = {
-            let mut slot = slot.lock();
-            if slot.state == SlotState::Abandoned {
-                return Err(Abandoned);
-            }
-            slot.state = SlotState::Granted(granted);
-            slot.waker.take()
-        };
-        // Our hold goes first: the receiver, woken, may then be the one to keep the slot.
-        drop(slot);
-        // Wake outside the lock: the woken task may run at once on another worker.
-        if let Some(waker) = waker {
-            waker.wake();
+        let mut slot_state = slot.lock();
+        if slot_state.state == SlotState::Abandoned {
+            return Err(Abandoned);
         }
-        Ok(())
+        slot_state.state = SlotState::Granted(granted);
+        Ok(slot_state.waker.take())
     }
 
-    /// Answers a try-acquire with "the key is taken" and wakes the receiver.
-    pub(crate) fn would_block(mut self) {
-        if let Some(slot) = self.slot.take() {
-            resolve_unless_granted(&slot, SlotState::WouldBlock);
-        }
+    /// Answers a try-acquire with "the key is taken" and returns the receiver's waker, for
+    /// the owner to wake once it has let go of the run token.
+    pub(crate) fn would_block(mut self) -> Option<Waker> {
+        let slot = self.slot.take()?;
+        resolve_unless_granted(&slot, SlotState::WouldBlock)
     }
 }
 
-/// Moves an unresolved slot to `state` and wakes the receiver; a slot that was granted,
-/// received or abandoned is left as it is.
-fn resolve_unless_granted(slot: &SlotHold, state: SlotState) {
-    let waker = {
-        let mut slot = slot.lock();
-        match slot.state {
-            SlotState::Sent | SlotState::Queued(_) => {
-                slot.state = state;
-                slot.waker.take()
-            }
-            _ => None,
+/// Moves an unresolved slot to `state` and returns the receiver's waker; a slot that was
+/// granted, received or abandoned is left as it is.
+fn resolve_unless_granted(slot: &SlotHold, state: SlotState) -> Option<Waker> {
+    let mut slot = slot.lock();
+    match slot.state {
+        SlotState::Sent | SlotState::Queued(_) => {
+            slot.state = state;
+            slot.waker.take()
         }
-    };
-    if let Some(waker) = waker {
-        waker.wake();
+        _ => None,
     }
 }
 
 impl Drop for GrantSender {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot.take() {
-            resolve_unless_granted(&slot, SlotState::Closed);
+        // A channel dropped unresolved: its request was dropped with a closing registry.
+        if let Some(slot) = self.slot.take()
+            && let Some(waker) = resolve_unless_granted(&slot, SlotState::Closed)
+        {
+            waker.wake();
         }
     }
 }
@@ -352,9 +356,22 @@ mod tests {
         let mut wait = task::spawn(std::future::poll_fn(|cx| receiver.poll_grant(cx)));
         assert!(wait.poll().is_pending());
         sender.queued(waiter(1)).unwrap();
-        sender.grant(granted(1)).unwrap();
+        let waker = sender.grant(granted(1)).unwrap();
+        assert!(
+            !wait.is_woken(),
+            "the owner wakes, after letting go of the token"
+        );
+        waker.expect("the receiver's waker").wake();
         assert!(wait.is_woken());
         assert_eq!(wait.poll(), Poll::Ready(Ok(granted(1))));
+    }
+
+    #[test]
+    fn a_channel_made_by_the_step_that_queued_it_starts_queued() {
+        let (sender, mut receiver) = queued_channel(waiter(9));
+        assert!(!sender.is_abandoned());
+        assert_eq!(receiver.abandon(), Undo::Cancel(waiter(9)));
+        assert!(sender.is_abandoned());
     }
 
     #[test]
@@ -370,7 +387,7 @@ mod tests {
         let (sender, mut receiver) = channel();
         sender.queued(waiter(7)).unwrap();
         assert_eq!(receiver.abandon(), Undo::Cancel(waiter(7)));
-        assert_eq!(sender.grant(granted(7)), Err(Abandoned));
+        assert!(matches!(sender.grant(granted(7)), Err(Abandoned)));
     }
 
     #[test]
@@ -408,7 +425,7 @@ mod tests {
         let (sender, mut receiver) = channel();
         let mut wait = task::spawn(std::future::poll_fn(|cx| receiver.poll_grant(cx)));
         assert!(wait.poll().is_pending());
-        sender.would_block();
+        sender.would_block().expect("the receiver's waker").wake();
         assert!(wait.is_woken());
         assert_eq!(wait.poll(), Poll::Ready(Err(NotGranted::WouldBlock)));
         drop(wait);
@@ -473,7 +490,7 @@ mod tests {
         );
         // The actor's side sees the give-up, then lets go last: now it is a spare.
         assert!(sender.is_abandoned());
-        assert_eq!(sender.grant(granted(5)), Err(Abandoned));
+        assert!(matches!(sender.grant(granted(5)), Err(Abandoned)));
         let (_sender, receiver) = channel();
         assert_eq!(slot_of(&receiver), abandoned);
     }

@@ -3,15 +3,17 @@
 use std::fmt;
 
 use crate::LockKey;
+use crate::owner;
 use crate::request::{Request, RequestSender};
 use crate::table::WaiterId;
 
 /// Holds one key of a [`LockRegistry`](crate::LockRegistry) until dropped.
 ///
-/// Dropping the guard releases the key: it sends a release to the registry and returns at
-/// once, without awaiting, so it is safe in `Drop`, during a panic's unwinding and when the
-/// holding task is aborted. The release takes effect before any request that the same task
-/// (or anything that happens after the drop) sends to the registry.
+/// Dropping the guard releases the key without awaiting, so it is safe in `Drop`, during a
+/// panic's unwinding and when the holding task is aborted: if nobody else is using the
+/// registry the drop runs the release itself and wakes the next waiter, else it queues the
+/// release for whoever is. Either way the release takes effect before any request that the
+/// same task (or anything that happens after the drop) sends to the registry.
 ///
 /// A guard keeps its registry alive: the registry stops by itself only once every handle and
 /// every guard is gone. A guard that outlives a [`shutdown`](crate::LockRegistry::shutdown)
@@ -82,12 +84,11 @@ impl<K: LockKey> KeyGuard<K> {
 
 impl<K: LockKey> Drop for KeyGuard<K> {
     fn drop(&mut self) {
-        // The request channel is unbounded, so this never waits and never fails for lack of
-        // room. It fails only when the registry has stopped, and then nothing is left to
-        // release.
-        let _ = self.requests.send(Request::Release {
-            waiter_id: self.waiter_id,
-        });
+        // Never waits: the step runs here if the owner is idle, else the request joins an
+        // unbounded queue. It comes to nothing only when the registry has stopped, and then
+        // nothing is left to release.
+        let waiter_id = self.waiter_id;
+        let _ = owner::call(&self.requests, |_| Request::Release { waiter_id });
     }
 }
 

@@ -229,6 +229,12 @@ where
         &self.table
     }
 
+    /// [`LockTable::delivery_mut`]: not recorded, since deliveries are not part of the
+    /// journal.
+    pub fn delivery_mut(&mut self, waiter_id: WaiterId) -> Option<&mut D> {
+        self.table.delivery_mut(waiter_id)
+    }
+
     /// A copy of the journal so far (empty if the journal is off).
     pub fn journal(&self) -> Journal<K> {
         match &self.ring {

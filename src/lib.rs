@@ -72,12 +72,13 @@ mod doorbell;
 mod error;
 mod grant;
 mod guard;
-mod inbox;
 pub mod journal;
 pub mod messages;
+mod owner;
 mod registry;
 pub mod replay;
 mod request;
+mod run_token;
 mod shard;
 mod stats;
 pub mod table;
@@ -89,7 +90,7 @@ use std::hash::Hash;
 pub use actor::RegistryActor;
 pub use error::{LockError, TryLockError};
 pub use guard::KeyGuard;
-pub use registry::{LockRegistry, RegistryBuilder};
+pub use registry::{Execution, LockRegistry, RegistryBuilder};
 pub use stats::RegistryStats;
 
 /// What a key must be: hashable, comparable, cloneable, printable for `tracing`, and movable

@@ -15,11 +15,12 @@ use tokio::sync::oneshot;
 use crate::LockKey;
 use crate::actor::{RegistryActor, RegistryConfig};
 use crate::error::{LockError, TryLockError};
-use crate::grant::{self, GrantReceiver, NotGranted, Undo};
+use crate::grant::{self, GrantReceiver, Granted, NotGranted, Undo};
 use crate::guard::KeyGuard;
-use crate::inbox;
 use crate::journal::Journal;
-use crate::request::{Request, RequestSender};
+use crate::owner::{self, Call, Owner, OwnerConfig, Route};
+use crate::request::{Delivery, Outcome, Request, RequestSender};
+use crate::run_token::{self, Mode};
 use crate::shard::ShardRouter;
 use crate::stats::RegistryStats;
 
@@ -101,6 +102,7 @@ impl<K: LockKey> LockRegistry<K> {
         RegistryBuilder {
             journal_capacity: None,
             shards: NonZeroUsize::MIN,
+            execution: Execution::default(),
             key: PhantomData,
         }
     }
@@ -144,13 +146,12 @@ impl<K: LockKey> LockRegistry<K> {
     /// ```
     pub async fn lock(&self, key: K) -> Result<KeyGuard<K>, LockError> {
         let shard = self.shard_for(&key);
-        let granted = shard
-            .request_grant(|grant| Request::Acquire {
-                key: key.clone(),
-                grant,
-            })
-            .await
-            .map_err(|_| LockError::Closed)?;
+        let granted = match shard.acquire(key.clone()) {
+            Acquiring::Granted(granted) => granted,
+            Acquiring::Waiting(pending) => pending.await.map_err(|_| LockError::Closed)?,
+            // An acquire waits rather than be refused; only a closed shard ends it early.
+            Acquiring::WouldBlock | Acquiring::Closed => return Err(LockError::Closed),
+        };
         Ok(shard.guard(key, granted))
     }
 
@@ -186,16 +187,17 @@ impl<K: LockKey> LockRegistry<K> {
     /// ```
     pub async fn try_lock(&self, key: K) -> Result<KeyGuard<K>, TryLockError> {
         let shard = self.shard_for(&key);
-        let granted = shard
-            .request_grant(|grant| Request::TryAcquire {
-                key: key.clone(),
-                grant,
-            })
-            .await
-            .map_err(|not_granted| match not_granted {
-                NotGranted::WouldBlock => TryLockError::WouldBlock,
-                NotGranted::Closed => TryLockError::Closed,
-            })?;
+        let granted = match shard.try_acquire(key.clone()) {
+            Acquiring::Granted(granted) => granted,
+            Acquiring::Waiting(pending) => {
+                pending.await.map_err(|not_granted| match not_granted {
+                    NotGranted::WouldBlock => TryLockError::WouldBlock,
+                    NotGranted::Closed => TryLockError::Closed,
+                })?
+            }
+            Acquiring::WouldBlock => return Err(TryLockError::WouldBlock),
+            Acquiring::Closed => return Err(TryLockError::Closed),
+        };
         Ok(shard.guard(key, granted))
     }
 
@@ -227,7 +229,17 @@ impl<K: LockKey> LockRegistry<K> {
     pub async fn stats(&self) -> Result<RegistryStats, LockError> {
         let mut total = RegistryStats::default();
         for shard in self.shards.iter() {
-            total.add(shard.ask(|reply| Request::Stats { reply }).await?);
+            total.add(
+                shard
+                    .ask(
+                        |reply| Request::Stats { reply },
+                        |outcome| match outcome {
+                            Outcome::Stats(stats) => Some(stats),
+                            _ => None,
+                        },
+                    )
+                    .await?,
+            );
         }
         Ok(total)
     }
@@ -442,42 +454,104 @@ impl<K: LockKey> LockRegistry<K> {
     }
 }
 
+/// Where an acquire stands once the owner has seen it, or queued it.
+enum Acquiring<'a, K: LockKey> {
+    /// The caller ran the step and the key was free: it holds the key now.
+    Granted(Granted),
+    /// The grant (or the refusal) comes through this future.
+    Waiting(PendingGrant<'a, K>),
+    /// A try-acquire found the key taken; nothing changed.
+    WouldBlock,
+    /// The shard takes no more requests.
+    Closed,
+}
+
 impl<K: LockKey> Shard<K> {
-    /// Sends the request that `make` builds around a fresh grant channel and returns the
-    /// future of its grant. Dropping that future at any point undoes the request (see
-    /// [`PendingGrant`]). A plain function rather than an `async` one: the caller's future
-    /// then holds only the [`PendingGrant`] across its await, which keeps every waiting
-    /// `lock` smaller (`cargo bench --bench memory`).
-    fn request_grant(
+    /// Asks for `key`: granted on the spot if the owner was idle and the key free, else
+    /// waiting, queued in the table or in the owner's queue. Dropping the returned future at
+    /// any point undoes the request (see [`PendingGrant`]). A plain function rather than an
+    /// `async` one: the caller's future then holds only the [`PendingGrant`] across its
+    /// await, which keeps every waiting `lock` smaller (`cargo bench --bench memory`).
+    fn acquire(&self, key: K) -> Acquiring<'_, K> {
+        self.acquire_with(|route, receiver| match route {
+            Route::Here => Request::Acquire {
+                key,
+                delivery: Delivery::Caller,
+            },
+            Route::Queue => {
+                let (sender, made) = grant::channel();
+                *receiver = Some(made);
+                Request::Acquire {
+                    key,
+                    delivery: Delivery::Channel(sender),
+                }
+            }
+        })
+    }
+
+    /// As [`acquire`](Self::acquire), for a key that is taken only if free.
+    fn try_acquire(&self, key: K) -> Acquiring<'_, K> {
+        self.acquire_with(|route, receiver| match route {
+            Route::Here => Request::TryAcquire { key, grant: None },
+            Route::Queue => {
+                let (sender, made) = grant::channel();
+                *receiver = Some(made);
+                Request::TryAcquire {
+                    key,
+                    grant: Some(sender),
+                }
+            }
+        })
+    }
+
+    fn acquire_with(
         &self,
-        make: impl FnOnce(grant::GrantSender) -> Request<K>,
-    ) -> PendingGrant<'_, K> {
-        let (sender, receiver) = grant::channel();
-        // Armed before sending, so that from here on any drop of the future undoes the request.
-        let pending = PendingGrant {
+        make: impl FnOnce(Route, &mut Option<GrantReceiver>) -> Request<K>,
+    ) -> Acquiring<'_, K> {
+        let mut queued_receiver = None;
+        let call = owner::call(&self.requests, |route| make(route, &mut queued_receiver));
+        let receiver = match call {
+            Call::Ran(Outcome::Granted(granted)) => return Acquiring::Granted(granted),
+            Call::Ran(Outcome::Queued(receiver)) => receiver,
+            Call::Ran(Outcome::WouldBlock) => return Acquiring::WouldBlock,
+            Call::Queued => match queued_receiver {
+                Some(receiver) => receiver,
+                None => return Acquiring::Closed,
+            },
+            // A step gives no other outcome for an acquire.
+            Call::Ran(_) | Call::Closed => return Acquiring::Closed,
+        };
+        Acquiring::Waiting(PendingGrant {
             receiver,
             requests: &self.requests,
-        };
-        // A failed send hands the request back, and dropping it drops its grant sender, which
-        // closes the channel: the future then resolves to `Closed`.
-        let _ = self.requests.send(make(sender));
-        pending
+        })
     }
 
-    /// Sends the request that `make` builds around a reply channel and waits for the reply.
+    /// Runs the request `make` builds here if the owner is idle (then `take` picks the answer
+    /// from the step's outcome), or queues it with a reply channel and waits for the reply.
     async fn ask<T>(
         &self,
-        make: impl FnOnce(oneshot::Sender<T>) -> Request<K>,
+        make: impl FnOnce(Option<oneshot::Sender<T>>) -> Request<K>,
+        take: impl FnOnce(Outcome<K>) -> Option<T>,
     ) -> Result<T, LockError> {
-        let (reply, answer) = oneshot::channel();
-        self.requests
-            .send(make(reply))
-            .map_err(|_| LockError::Closed)?;
-        // The actor drops the reply unanswered only when it stops.
-        answer.await.map_err(|_| LockError::Closed)
+        let mut answer = None;
+        let call = owner::call(&self.requests, |route| match route {
+            Route::Here => make(None),
+            Route::Queue => {
+                let (reply, receiver) = oneshot::channel();
+                answer = Some(receiver);
+                make(Some(reply))
+            }
+        });
+        match (call, answer) {
+            (Call::Ran(outcome), _) => take(outcome).ok_or(LockError::Closed),
+            // The owner drops the reply unanswered only when it closes.
+            (Call::Queued, Some(answer)) => answer.await.map_err(|_| LockError::Closed),
+            _ => Err(LockError::Closed),
+        }
     }
 
-    fn guard(&self, key: K, granted: grant::Granted) -> KeyGuard<K> {
+    fn guard(&self, key: K, granted: Granted) -> KeyGuard<K> {
         KeyGuard::new(
             key,
             granted.waiter_id,
@@ -487,7 +561,16 @@ impl<K: LockKey> Shard<K> {
     }
 
     async fn journal(&self) -> Result<Journal<K>, LockError> {
-        match self.ask(|reply| Request::Journal { reply }).await {
+        let current = self
+            .ask(
+                |reply| Request::Journal { reply },
+                |outcome| match outcome {
+                    Outcome::Journal(journal) => Some(journal),
+                    _ => None,
+                },
+            )
+            .await;
+        match current {
             Err(LockError::Closed) => self.final_journal.get().cloned().ok_or(LockError::Closed),
             answer => answer,
         }
@@ -519,29 +602,60 @@ impl<K: LockKey> fmt::Debug for LockRegistry<K> {
 
 /// The waiting half of a `lock` or `try_lock` call. Dropping it before the grant is received
 /// tells the registry what to undo (see [`crate::grant`] for the cases).
-struct PendingGrant<'a, K> {
+struct PendingGrant<'a, K: LockKey> {
     receiver: GrantReceiver,
     requests: &'a RequestSender<K>,
 }
 
-impl<K> Future for PendingGrant<'_, K> {
-    type Output = Result<grant::Granted, NotGranted>;
+impl<K: LockKey> Future for PendingGrant<'_, K> {
+    type Output = Result<Granted, NotGranted>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.receiver.poll_grant(cx)
     }
 }
 
-impl<K> Drop for PendingGrant<'_, K> {
+impl<K: LockKey> Drop for PendingGrant<'_, K> {
     fn drop(&mut self) {
-        // Unbounded channel: these sends never wait. They fail only if the registry stopped,
-        // and then nothing is left to undo.
+        // Never waits: run here or queued without bound. It comes to nothing only if the
+        // registry stopped, and then nothing is left to undo.
         let undo = match self.receiver.abandon() {
             Undo::Nothing => return,
             Undo::Cancel(waiter_id) => Request::Cancel { waiter_id },
             Undo::Release(waiter_id) => Request::Release { waiter_id },
         };
-        let _ = self.requests.send(undo);
+        let _ = owner::call(self.requests, |_| undo);
+    }
+}
+
+/// Who runs a registry's bookkeeping (set with [`RegistryBuilder::execution`]).
+///
+/// Each shard's lock table has one owner and changes one step at a time, in one total order,
+/// whoever runs the step. The two modes differ only in who that is when nobody else is using
+/// the shard; FIFO, cancel safety, fencing tokens, ordering and shutdown hold the same in
+/// both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Execution {
+    /// A call that finds the shard idle (no step running, nothing queued) runs its step
+    /// itself, on the caller's thread, and a guard's drop that finds a waiter wakes it
+    /// directly: a free key costs no task switch. A call that finds the shard busy queues
+    /// its request; whoever runs steps serves the queue in arrival order, up to a bound,
+    /// then hands the rest to the actor task. The default.
+    RunOnCaller,
+    /// Every request goes through the queue to the registry's actor task, which runs every
+    /// step: two task switches per `lock`, but the caller never runs bookkeeping for others.
+    ActorTask,
+}
+
+impl Default for Execution {
+    fn default() -> Self {
+        // The test suite runs a second time with every registry in actor mode (`.ci/run`).
+        if cfg!(keyed_locks_actor_default) {
+            Execution::ActorTask
+        } else {
+            Execution::RunOnCaller
+        }
     }
 }
 
@@ -549,6 +663,7 @@ impl<K> Drop for PendingGrant<'_, K> {
 pub struct RegistryBuilder<K: LockKey> {
     journal_capacity: Option<usize>,
     shards: NonZeroUsize,
+    execution: Execution,
     key: PhantomData<fn() -> K>,
 }
 
@@ -608,6 +723,29 @@ impl<K: LockKey> RegistryBuilder<K> {
         self
     }
 
+    /// Who runs the registry's bookkeeping: [`Execution::RunOnCaller`] (the default) or
+    /// [`Execution::ActorTask`]. Every rule holds the same in both; see [`Execution`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_locks::{Execution, LockRegistry};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keyed_locks::LockError> {
+    /// let registry = LockRegistry::builder()
+    ///     .execution(Execution::ActorTask)
+    ///     .spawn();
+    /// drop(registry.lock(7u32).await?);
+    /// assert_eq!(registry.stats().await?.keys, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn execution(mut self, execution: Execution) -> Self {
+        self.execution = execution;
+        self
+    }
+
     /// Spawns the registry actor (one per shard) on the current tokio runtime.
     ///
     /// The actor's request channel and mailbox are unbounded, so that a guard's drop never
@@ -628,18 +766,22 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// ```
     pub fn spawn(self) -> LockRegistry<K> {
         let router = ShardRouter::new(self.shards);
+        let mode = match self.execution {
+            Execution::RunOnCaller => Mode::RunOnCaller,
+            Execution::ActorTask => Mode::ActorOnly,
+        };
         let shards = (0..self.shards.get())
             .map(|shard| {
-                let (requests, receiver) = inbox::inbox();
                 let final_journal = Arc::new(OnceLock::new());
-                let config = RegistryConfig {
+                let owner_config = OwnerConfig {
                     journal_capacity: self.journal_capacity,
-                    requests: receiver,
-                    weak_requests: requests.downgrade(),
                     final_journal: Arc::clone(&final_journal),
                     shard,
                     router: router.clone(),
                 };
+                let (requests, receiver) =
+                    run_token::run_token(|weak| Owner::new(owner_config, weak), mode);
+                let config = RegistryConfig { requests: receiver };
                 // Spawned by hand rather than with `spawn_with_mailbox`, which wraps the task in a
                 // task-local scope (for kameo's `is_current`, which nothing here uses) that costs
                 // every wake-up of the actor a copy in and out: 3.5% of the instructions of a
@@ -663,6 +805,7 @@ impl<K: LockKey> fmt::Debug for RegistryBuilder<K> {
         f.debug_struct("RegistryBuilder")
             .field("journal_capacity", &self.journal_capacity)
             .field("shards", &self.shards)
+            .field("execution", &self.execution)
             .finish()
     }
 }

@@ -1,45 +1,94 @@
-//! The requests handles and guards send to the registry actor through its inbox.
+//! The requests the owner's step takes, whoever runs it.
 //!
-//! Every call of [`LockRegistry`](crate::LockRegistry) and every guard's release travels in
-//! one [`crate::inbox`], which the actor empties a batch at a time. One inbox for all
-//! of them is what keeps a task's requests in program order. It bypasses kameo's mailbox,
-//! which boxes every message and runs each in its own unwind guard: for a lock and a release
-//! that was most of the cost (ARCHITECTURE.md, "Performance"). kameo still runs the actor,
-//! its lifecycle and the public [`messages`](crate::messages).
+//! A caller that holds the run token ([`crate::run_token`]) runs its own request at once and
+//! takes the [`Outcome`] the step returns; the reply fields are then `None` (or
+//! [`Delivery::Caller`]). A request that finds the owner busy waits in the queue with a channel
+//! to answer it through, and whoever serves it later answers there.
 
 use tokio::sync::oneshot;
 
-use crate::grant::GrantSender;
-use crate::inbox;
+use crate::LockKey;
+use crate::error::LockError;
+use crate::grant::{GrantReceiver, GrantSender, Granted};
+use crate::guard::KeyGuard;
 use crate::journal::Journal;
+use crate::owner::Owner;
+use crate::run_token;
 use crate::stats::RegistryStats;
 use crate::table::WaiterId;
 
-/// One request to the registry actor.
+/// One request to a registry shard's owner.
 #[derive(Debug)]
-pub(crate) enum Request<K> {
-    /// A [`lock`](crate::LockRegistry::lock) call: grant `key` through `grant`, in turn.
-    Acquire { key: K, grant: GrantSender },
-    /// A [`try_lock`](crate::LockRegistry::try_lock) call: grant `key` through `grant` if it
-    /// is free, else answer would-block.
-    TryAcquire { key: K, grant: GrantSender },
+pub(crate) enum Request<K: LockKey> {
+    /// A [`lock`](crate::LockRegistry::lock) call or an `ask(Acquire)`: grant `key` in turn.
+    Acquire { key: K, delivery: Delivery<K> },
+    /// A [`try_lock`](crate::LockRegistry::try_lock) call or an `ask(TryAcquire)`: grant
+    /// `key` if it is free, else answer would-block. `None`: the caller runs the step.
+    TryAcquire { key: K, grant: Option<GrantSender> },
     /// A guard's drop, or a `lock` call dropped with its grant in flight.
     Release { waiter_id: WaiterId },
     /// A queued `lock` call dropped.
     Cancel { waiter_id: WaiterId },
-    /// A [`stats`](crate::LockRegistry::stats) call.
+    /// A [`stats`](crate::LockRegistry::stats) call. `None`: the caller runs the step.
     Stats {
-        reply: oneshot::Sender<RegistryStats>,
+        reply: Option<oneshot::Sender<RegistryStats>>,
     },
-    /// A [`journal`](crate::LockRegistry::journal) call.
-    Journal { reply: oneshot::Sender<Journal<K>> },
+    /// A [`journal`](crate::LockRegistry::journal) call. `None`: the caller runs the step.
+    Journal {
+        reply: Option<oneshot::Sender<Journal<K>>>,
+    },
+}
+
+/// How a grant reaches its acquirer; the lock table keeps it with each waiter.
+pub(crate) enum Delivery<K: LockKey> {
+    /// The caller runs this very step and takes the grant from its [`Outcome`]. If the key is
+    /// busy the step replaces it with a grant channel before the token is let go, so a
+    /// waiting record never keeps it.
+    Caller,
+    /// A [`lock`](crate::LockRegistry::lock) call that waits on its grant channel.
+    Channel(GrantSender),
+    /// An `ask(Acquire)`: sends kameo's reply.
+    Message(MessageReply<K>),
+}
+
+/// Sends the reply to an `ask(Acquire)`. Boxed: this path is rare, and the box keeps every
+/// waiter's record one word smaller. A trait object rather than kameo's `ReplySender` itself:
+/// the reply holds a guard, the guard a sender, the sender the owner and the owner this
+/// delivery, and only a `dyn ... + Send` lets the compiler see that such a cycle is `Send`.
+pub(crate) type MessageReply<K> = Box<dyn FnOnce(Result<KeyGuard<K>, LockError>) + Send>;
+
+impl<K: LockKey> std::fmt::Debug for Delivery<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Delivery::Caller => f.write_str("Caller"),
+            Delivery::Channel(sender) => f.debug_tuple("Channel").field(sender).finish(),
+            Delivery::Message(_) => f.write_str("Message"),
+        }
+    }
+}
+
+/// What a step gives back to a caller that ran it itself.
+#[derive(Debug)]
+pub(crate) enum Outcome<K: LockKey> {
+    /// Nothing to give: a release, a cancel, or a request answered through its channel.
+    Done,
+    /// The key is the caller's now.
+    Granted(Granted),
+    /// The key is busy: the caller waits on this channel, already queued.
+    Queued(GrantReceiver),
+    /// A try-acquire found the key taken; nothing changed.
+    WouldBlock,
+    /// The counts asked for.
+    Stats(RegistryStats),
+    /// The journal asked for.
+    Journal(Journal<K>),
 }
 
 /// The sending end, held by handles and guards. The actor runs until every sender is gone.
-pub(crate) type RequestSender<K> = inbox::Sender<Request<K>>;
+pub(crate) type RequestSender<K> = run_token::Sender<Owner<K>, Request<K>>;
 
 /// The actor's end.
-pub(crate) type RequestReceiver<K> = inbox::Receiver<Request<K>>;
+pub(crate) type RequestReceiver<K> = run_token::Receiver<Owner<K>, Request<K>>;
 
-/// A sender that does not keep the actor alive: the actor's own, to make guards for `ask`s.
-pub(crate) type WeakRequestSender<K> = inbox::WeakSender<Request<K>>;
+/// A sender that does not keep the actor alive: the owner's own, to make guards for `ask`s.
+pub(crate) type WeakRequestSender<K> = run_token::WeakSender<Owner<K>, Request<K>>;

@@ -408,6 +408,15 @@ where
         }
     }
 
+    /// The delivery of a waiter that is still queued, to replace it. The table never looks
+    /// at deliveries, so this changes nothing it records.
+    pub fn delivery_mut(&mut self, waiter_id: WaiterId) -> Option<&mut D> {
+        match self.records.get_mut(waiter_id)?.state {
+            RecordState::Waiting(ref mut delivery) => Some(delivery),
+            RecordState::Holding { .. } => None,
+        }
+    }
+
     /// Whether `key` has an entry, that is a holder or a waiter.
     pub fn contains_key(&self, key: &K) -> bool {
         self.entries.contains_key(key)

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use keyed_locks::LockRegistry;
-use keyed_locks::messages::Acquire;
+use keyed_locks::messages::{Acquire, GetStats};
+use keyed_locks::{Execution, LockRegistry};
 use tokio_test::{assert_pending, task};
 
 #[tokio::test]
@@ -30,9 +30,17 @@ async fn a_queued_waiter_dropped_leaves_the_queue_at_once() {
     );
 }
 
+/// In actor mode every request is on its way to the actor for a while; with the default mode
+/// that happens only while another caller runs a step (`tests/run_on_caller.rs`).
+fn actor_mode<K: keyed_locks::LockKey>() -> LockRegistry<K> {
+    LockRegistry::builder()
+        .execution(Execution::ActorTask)
+        .spawn()
+}
+
 #[tokio::test]
 async fn a_request_dropped_before_the_registry_saw_it_touches_nothing() {
-    let registry = LockRegistry::spawn();
+    let registry = actor_mode();
     let holder = registry.lock("k").await.unwrap();
     let mut waiter = task::spawn(registry.lock("k"));
     assert_pending!(waiter.poll()); // the request is sent, not yet handled
@@ -59,7 +67,7 @@ async fn a_lock_future_never_polled_sends_nothing() {
 
 #[tokio::test]
 async fn a_dropped_try_lock_with_its_guard_in_flight_releases() {
-    let registry = LockRegistry::spawn();
+    let registry = actor_mode();
     let mut attempt = task::spawn(registry.try_lock("k"));
     assert_pending!(attempt.poll());
     registry.stats().await.unwrap(); // granted; the guard sits in the reply
@@ -75,7 +83,8 @@ async fn a_dropped_ask_acquire_passes_the_key_on_when_its_turn_comes() {
     let actor = registry.actor_ref().clone();
     let mut asking = task::spawn(async move { actor.ask(Acquire { key: 9 }).await });
     assert_pending!(asking.poll());
-    registry.stats().await.unwrap();
+    // Through the mailbox, so that the `Acquire` before it has been handled.
+    registry.actor_ref().ask(GetStats).await.unwrap();
     drop(asking);
 
     let mut next = task::spawn(registry.lock(9));

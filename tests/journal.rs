@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use keyed_locks::LockRegistry;
 use keyed_locks::journal::{Journal, JournalEvent, Refusal};
 use keyed_locks::trace::{StringKeys, write_trace};
+use keyed_locks::{Execution, LockRegistry};
 use tokio_test::{assert_pending, task};
 
 #[tokio::test]
@@ -77,8 +77,12 @@ async fn a_full_journal_drops_the_oldest_and_counts_them() {
 #[tokio::test]
 async fn a_refused_release_is_recorded_as_refused() {
     // The only refused call a registry makes on its own: a cancel that arrives after its
-    // waiter's grant was refused in flight and released.
-    let registry = LockRegistry::builder().journal(100).spawn();
+    // waiter's grant was refused in flight and released. In actor mode both requests wait in
+    // the queue, release first; with the default mode this takes two threads.
+    let registry = LockRegistry::builder()
+        .execution(Execution::ActorTask)
+        .journal(100)
+        .spawn();
     let holder = registry.lock(1).await.unwrap();
     let mut waiter = task::spawn(registry.lock(1));
     assert_pending!(waiter.poll());

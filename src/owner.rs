@@ -1,0 +1,404 @@
+//! [`Owner`], a registry shard's state, and [`Owner::step`], the one step that changes it.
+//!
+//! Whoever holds the run token ([`crate::run_token`]) runs the step: a caller of the handle
+//! that found the owner idle, a caller serving requests queued meanwhile, or the actor task.
+//! It is the same function on every path, so every path keeps the same rules and is recorded
+//! in the journal the same way. The step never awaits and never wakes a task or answers a
+//! kameo `ask` itself: it leaves those in [`Effects`], which the caller carries out once it has
+//! let go of the token. What does run under the token is the key's own `Hash`, `Eq`, `Clone`
+//! and `Debug`, and a `tracing` subscriber's handling of the debug events: the table cannot
+//! work without the first, and the events name the key.
+
+use std::sync::{Arc, OnceLock};
+use std::task::Waker;
+
+use tracing::{debug, warn};
+
+use crate::LockKey;
+use crate::error::LockError;
+use crate::grant::{self, Granted};
+use crate::guard::KeyGuard;
+use crate::journal::{Journal, JournaledTable};
+use crate::request::{Delivery, MessageReply, Outcome, Request, WeakRequestSender};
+use crate::run_token::{CALLER_SERVE_BOUND, Entry, Owned};
+use crate::shard::ShardRouter;
+use crate::stats::RegistryStats;
+use crate::table::{Acquired, Grant, WaiterId};
+
+/// A registry shard's state: its lock table and what it needs to deliver grants. Reached
+/// only through the run token.
+pub(crate) struct Owner<K: LockKey> {
+    /// The lock table, recording into a journal if the builder asked for one.
+    table: JournaledTable<K, Delivery<K>>,
+    /// Where journal times count from.
+    started: tokio::time::Instant,
+    /// Grants made by the current table call and not yet delivered. A field rather than a
+    /// local so that its allocation is reused.
+    granted: Vec<Grant<Delivery<K>>>,
+    /// For the guards of `ask(Acquire)` replies; weak, so that the owner alone does not keep
+    /// the actor running.
+    weak_requests: WeakRequestSender<K>,
+    /// Where the journal is left when the shard closes, for reading after a shutdown.
+    final_journal: Arc<OnceLock<Journal<K>>>,
+    /// Which shard of the registry this is.
+    shard: usize,
+    /// Which keys this shard owns, and how its table's tokens become the registry's.
+    router: ShardRouter,
+}
+
+/// What a shard's owner is built from.
+pub(crate) struct OwnerConfig<K> {
+    /// Keep the last this many journal events; no journal if `None`.
+    pub(crate) journal_capacity: Option<usize>,
+    pub(crate) final_journal: Arc<OnceLock<Journal<K>>>,
+    pub(crate) shard: usize,
+    pub(crate) router: ShardRouter,
+}
+
+/// What steps leave to do once the token is let go: tasks to wake and kameo replies to send.
+///
+/// Carried out when dropped, so that nothing is lost even if a step panics half way (the
+/// grants already recorded in waiters' channels then still reach them).
+pub(crate) struct Effects<K: LockKey> {
+    /// The first wake-up, inline: most steps wake at most one task (a release's next holder).
+    wake: Option<Waker>,
+    more_wakes: Vec<Waker>,
+    replies: Vec<MessageReplyDue<K>>,
+}
+
+type MessageReplyDue<K> = (MessageReply<K>, Result<KeyGuard<K>, LockError>);
+
+impl<K: LockKey> Effects<K> {
+    pub(crate) fn new() -> Self {
+        Effects {
+            wake: None,
+            more_wakes: Vec::new(),
+            replies: Vec::new(),
+        }
+    }
+
+    fn wake(&mut self, waker: Waker) {
+        match self.wake {
+            None => self.wake = Some(waker),
+            Some(_) => self.more_wakes.push(waker),
+        }
+    }
+
+    /// Wakes every task and sends every reply, in the order the steps left them.
+    pub(crate) fn carry_out(self) {
+        drop(self);
+    }
+}
+
+impl<K: LockKey> Drop for Effects<K> {
+    fn drop(&mut self) {
+        if let Some(waker) = self.wake.take() {
+            waker.wake();
+        }
+        self.more_wakes.drain(..).for_each(Waker::wake);
+        for (reply, result) in self.replies.drain(..) {
+            // If the asker is gone, kameo drops the guard, whose drop releases the key.
+            reply(result);
+        }
+    }
+}
+
+impl<K: LockKey> Owned<Request<K>> for Owner<K> {
+    type Effects = Effects<K>;
+
+    fn serve(&mut self, request: Request<K>, effects: &mut Effects<K>) {
+        // A queued request carries its own channel: nothing comes back to give.
+        let _done = self.step(request, effects);
+    }
+}
+
+impl<K: LockKey> Owner<K> {
+    pub(crate) fn new(config: OwnerConfig<K>, weak_requests: WeakRequestSender<K>) -> Self {
+        Owner {
+            table: match config.journal_capacity {
+                Some(capacity) => JournaledTable::with_journal(capacity),
+                None => JournaledTable::new(),
+            },
+            started: tokio::time::Instant::now(),
+            granted: Vec::new(),
+            weak_requests,
+            final_journal: config.final_journal,
+            shard: config.shard,
+            router: config.router,
+        }
+    }
+
+    /// Runs one request to the end: the owner's one step, whoever runs it.
+    pub(crate) fn step(&mut self, request: Request<K>, effects: &mut Effects<K>) -> Outcome<K> {
+        match request {
+            Request::Acquire { key, delivery } => self.acquire(key, delivery, effects),
+            Request::TryAcquire { key, grant } => self.try_acquire(key, grant, effects),
+            Request::Release { waiter_id } => {
+                self.stamp_time();
+                self.release(waiter_id);
+                self.deliver_grants(effects)
+            }
+            Request::Cancel { waiter_id } => {
+                // Cancelling never grants (a queued waiter implies a holder): nothing to deliver.
+                self.stamp_time();
+                self.cancel(waiter_id);
+                Outcome::Done
+            }
+            Request::Stats { reply } => {
+                let stats = self.table.table().stats();
+                match reply {
+                    None => Outcome::Stats(stats),
+                    Some(reply) => {
+                        // A caller that gave up does not want the answer.
+                        let _ = reply.send(stats);
+                        Outcome::Done
+                    }
+                }
+            }
+            Request::Journal { reply } => {
+                let journal = self.table.journal();
+                match reply {
+                    None => Outcome::Journal(journal),
+                    Some(reply) => {
+                        let _ = reply.send(journal);
+                        Outcome::Done
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether `key` belongs to this shard. Requests from the handle always do; a kameo
+    /// message may have been sent to the wrong shard.
+    pub(crate) fn owns(&self, key: &K) -> bool {
+        self.router.shard_of(key) == self.shard
+    }
+
+    /// The fencing token a guard shows for this shard's table token (see [`crate::shard`]).
+    fn registry_token(&self, table_token: u64) -> u64 {
+        self.router.registry_token(self.shard, table_token)
+    }
+
+    fn acquire(&mut self, key: K, delivery: Delivery<K>, effects: &mut Effects<K>) -> Outcome<K> {
+        if let Delivery::Channel(grant) = &delivery
+            && grant.is_abandoned()
+        {
+            // The caller gave up before we got here: touch nothing, create no entry.
+            debug!(?key, "acquire withdrawn before it arrived");
+            return Outcome::Done;
+        }
+        debug!(?key, "acquire");
+        self.stamp_time();
+        match self.table.acquire(key, delivery) {
+            Acquired::Granted(grant) => self.granted.push(grant),
+            Acquired::Queued(waiter_id) => match self.table.delivery_mut(waiter_id) {
+                // The caller is here: give it a channel to wait on, already marked queued.
+                Some(delivery @ Delivery::Caller) => {
+                    let (sender, receiver) = grant::queued_channel(waiter_id);
+                    *delivery = Delivery::Channel(sender);
+                    return Outcome::Queued(receiver);
+                }
+                // Tell the caller its place, so that giving up becomes a cancel; if it gave
+                // up in the meantime, withdraw it now.
+                Some(Delivery::Channel(grant)) if grant.queued(waiter_id).is_err() => {
+                    self.cancel(waiter_id);
+                }
+                _ => {}
+            },
+        }
+        self.deliver_grants(effects)
+    }
+
+    fn try_acquire(
+        &mut self,
+        key: K,
+        grant: Option<grant::GrantSender>,
+        effects: &mut Effects<K>,
+    ) -> Outcome<K> {
+        if let Some(grant) = &grant
+            && grant.is_abandoned()
+        {
+            debug!(?key, "try acquire withdrawn before it arrived");
+            return Outcome::Done;
+        }
+        debug!(?key, "try acquire");
+        self.stamp_time();
+        match (self.table.try_acquire(key), grant) {
+            // Delivered like any grant, so a caller that gave up meanwhile releases it at once.
+            (Ok(granted), grant) => self.granted.push(Grant {
+                waiter_id: granted.waiter_id,
+                fencing_token: granted.fencing_token,
+                delivery: grant.map_or(Delivery::Caller, Delivery::Channel),
+            }),
+            (Err(_), None) => return Outcome::WouldBlock,
+            (Err(_), Some(grant)) => {
+                if let Some(waker) = grant.would_block() {
+                    effects.wake(waker);
+                }
+                return Outcome::Done;
+            }
+        }
+        self.deliver_grants(effects)
+    }
+
+    /// Delivers every pending grant. A grant whose waiter gave up is released on the spot,
+    /// which may grant the key to the next waiter, so this loops until nothing is pending.
+    /// Returns the caller's own grant, if the step made one.
+    fn deliver_grants(&mut self, effects: &mut Effects<K>) -> Outcome<K> {
+        let mut outcome = Outcome::Done;
+        while let Some(Grant {
+            waiter_id,
+            fencing_token,
+            delivery,
+        }) = self.granted.pop()
+        {
+            let fencing_token = self.registry_token(fencing_token);
+            debug!(key = ?self.table.table().key_of(waiter_id), fencing_token, "grant");
+            let granted = Granted {
+                waiter_id,
+                fencing_token,
+            };
+            match delivery {
+                Delivery::Caller => outcome = Outcome::Granted(granted),
+                Delivery::Channel(sender) => match sender.grant(granted) {
+                    Ok(waker) => {
+                        if let Some(waker) = waker {
+                            effects.wake(waker);
+                        }
+                    }
+                    // The waiter gave up while its grant was being made; a cancel for it may
+                    // be on its way, and will find nothing. Pass the key on now.
+                    Err(_abandoned) => self.release(waiter_id),
+                },
+                Delivery::Message(reply) => {
+                    let guard = self.guard_for_message(waiter_id, fencing_token);
+                    effects.replies.push((reply, guard));
+                }
+            }
+        }
+        outcome
+    }
+
+    /// The guard for a grant made to a kameo message, with its registry-wide fencing token.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] if no handle and no guard is left to release with: the registry
+    /// is about to stop. The grant is released here, so no key stays held by a guard that was
+    /// never made.
+    pub(crate) fn guard_for_message(
+        &mut self,
+        waiter_id: WaiterId,
+        fencing_token: u64,
+    ) -> Result<KeyGuard<K>, LockError> {
+        let key = self.table.table().key_of(waiter_id).cloned();
+        match (key, self.weak_requests.upgrade()) {
+            (Some(key), Some(requests)) => {
+                Ok(KeyGuard::new(key, waiter_id, fencing_token, requests))
+            }
+            _ => {
+                self.release(waiter_id);
+                Err(LockError::Closed)
+            }
+        }
+    }
+
+    fn release(&mut self, waiter_id: WaiterId) {
+        match self.table.release(waiter_id, &mut self.granted) {
+            Ok(key) => debug!(?key, "release"),
+            // Only a bug can get here: releases come from guards and abandoned grants, one per
+            // grant. Refusing keeps the table intact.
+            Err(error) => warn!(%error, "release refused"),
+        }
+    }
+
+    fn cancel(&mut self, waiter_id: WaiterId) {
+        match self.table.cancel(waiter_id) {
+            Ok((key, _delivery)) => debug!(?key, "cancel"),
+            // The waiter was granted (and its grant refused) before its cancel arrived.
+            Err(error) => debug!(%error, "cancel found nothing to withdraw"),
+        }
+    }
+
+    /// Stamps the journal's clock before a request changes the table; free when it is off.
+    fn stamp_time(&mut self) {
+        if self.table.is_journaling() {
+            self.table.set_time(self.started.elapsed());
+        }
+    }
+
+    /// Answers every waiter and every request still `queued` with `Closed`, empties the table
+    /// and leaves the journal for the handles to read. The owner is gone for good after this.
+    pub(crate) fn close(mut self: Box<Self>, queued: Vec<Request<K>>) {
+        // Requests still queued are dropped unhandled: dropping a grant channel or a reply
+        // tells its caller `Closed`, and releases and cancels no longer matter once the table
+        // is emptied below.
+        drop(queued);
+        self.stamp_time();
+        let waiters = self.table.shutdown();
+        debug!(waiters = waiters.len(), "registry closing");
+        // Grants cut short by a panic in the middle of a delivery are closed too.
+        let cut_short = self.granted.drain(..).map(|grant| grant.delivery);
+        for delivery in waiters.into_iter().map(|(_, d)| d).chain(cut_short) {
+            match delivery {
+                // Dropping an unresolved grant channel closes it.
+                Delivery::Caller | Delivery::Channel(_) => drop(delivery),
+                Delivery::Message(reply) => reply(Err(LockError::Closed)),
+            }
+        }
+        if self.table.is_journaling() {
+            let _ = self.final_journal.set(self.table.journal());
+        }
+    }
+
+    /// The counts at this instant, for a kameo message.
+    pub(crate) fn stats(&self) -> RegistryStats {
+        self.table.table().stats()
+    }
+}
+
+/// Where a request made by [`call`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// The caller holds the run token and runs the step itself.
+    Here,
+    /// The owner is busy: the request waits in the queue, with a channel to answer through.
+    Queue,
+}
+
+/// What became of a request made by [`call`].
+#[derive(Debug)]
+pub(crate) enum Call<K: LockKey> {
+    /// The caller ran the step; this is what it gave.
+    Ran(Outcome<K>),
+    /// The request waits in the queue; its answer comes through its channel.
+    Queued,
+    /// The shard takes no more requests.
+    Closed,
+}
+
+/// Runs the request `make` builds on the caller if the owner is idle, or queues it for
+/// whoever holds the run token. `make` learns which, so that only a queued request pays for a
+/// channel.
+///
+/// The token is let go before the step's effects are carried out: wake-ups and kameo replies
+/// never run under it.
+pub(crate) fn call<K: LockKey>(
+    requests: &crate::request::RequestSender<K>,
+    make: impl FnOnce(Route) -> Request<K>,
+) -> Call<K> {
+    match requests.enter() {
+        Entry::Run(mut token) => {
+            let mut effects = Effects::new();
+            let outcome = token.owner().step(make(Route::Here), &mut effects);
+            token.release(&mut effects, CALLER_SERVE_BOUND);
+            effects.carry_out();
+            Call::Ran(outcome)
+        }
+        Entry::Busy(queue) => {
+            queue.push(make(Route::Queue));
+            Call::Queued
+        }
+        Entry::Closed => Call::Closed,
+    }
+}

@@ -1,0 +1,520 @@
+//! The run token: who may run the owner's step right now, and the queue of requests that wait
+//! for whoever does.
+//!
+//! A registry shard has one owner state (its lock table) and runs one step at a time on it, in
+//! one total order. *Ownership is a role, not a thread*: whoever holds the run token may run the
+//! step, be it the actor task or a caller of the handle. This is the move of Swift's actor
+//! runtime (`swift_task_switchImpl` and `tryAssumeThreadForSwitch` in
+//! `stdlib/public/Concurrency/Actor.cpp`: a job runs on the caller's thread when the actor is
+//! idle) and of delegation locks such as CC-Synch (Fatourou and Kallimanis, PPoPP 2012) and
+//! queue delegation locking (Klaftenegger, Sagonas and Winblad, Euro-Par 2014): the caller that
+//! finds the owner free serves its own request, then the queued ones, in arrival order, up to a
+//! bound.
+//!
+//! # The protocol
+//!
+//! One mutex guards the queue and the *idle owner*: the owner state, boxed, lies in the mutex
+//! while nobody holds the token, and taking the token is taking it out. So "is the owner idle?",
+//! "is anything queued?" and "take the token or queue" are one decision under one lock, and so
+//! are "is anything left?" and "give the token back". The state itself is only ever touched by
+//! the token's holder, outside the mutex.
+//!
+//! - [`Sender::enter`]: if the owner is idle and nothing is queued, the caller takes the token
+//!   ([`Entry::Run`]); otherwise it gets the queue ([`Entry::Busy`]) and pushes its request.
+//! - [`RunToken::release`]: the holder serves what was queued meanwhile, oldest first, up to a
+//!   bound; it gives the token back only when it finds the queue empty under the lock, or,
+//!   past the bound, hands the rest to the actor task by waking it.
+//! - The actor task ([`Receiver::poll_work`]) takes the token when the owner is idle and
+//!   requests are queued, which happens only after such a hand-over (or in actor mode, where
+//!   callers never take the token).
+//!
+//! # Why no request is lost or reordered
+//!
+//! A request is pushed only under the lock and only when the token is held or the queue is
+//! non-empty. In the first case the holder's release takes the lock later and sees it: a holder
+//! never gives the token back while the queue is non-empty without waking the actor. In the
+//! second case the actor has been woken already (the push wakes it if the token lies idle), or
+//! a holder will serve the queue. Requests leave the queue oldest first, and a caller never
+//! runs its own step while anything is queued, so the steps run in the order the requests took
+//! the lock: that is the arrival order the registry's FIFO is defined by. The unit tests below
+//! pin each of these cases step by step.
+//!
+//! # Panics in a step
+//!
+//! A step runs user code (the key's `Hash`, `Eq`, `Clone`, `Debug`). If it panics, the
+//! token's drop closes the queue, puts the owner state back for the actor to close, and wakes
+//! the actor: every waiter then gets `Closed`, the same as when the actor itself dies.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+/// The owner state behind a run token: what it serves a queued request with.
+///
+/// The request type is a parameter rather than an associated type so that the structs below
+/// name it directly: an associated type in a stored field defeats the compiler's proof that a
+/// `lock` future holding a `&str` key is `Send`.
+pub(crate) trait Owned<R> {
+    /// What steps leave to do once the token is let go (wake-ups, replies).
+    type Effects;
+
+    /// Runs the step for one request that waited in the queue.
+    fn serve(&mut self, request: R, effects: &mut Self::Effects);
+}
+
+/// Requests one caller serves for others before it hands the rest to the actor task: a few
+/// microseconds of work at most, so no caller pays much for being first, and a busy owner
+/// still batches. CC-Synch's bound is 144 (`bitslab/ffwd`, `liblock/ccsynch.c`).
+pub(crate) const CALLER_SERVE_BOUND: usize = 64;
+
+/// Requests the actor task serves per hold of the token, between two looks at its mailbox and
+/// its tokio budget.
+pub(crate) const ACTOR_SERVE_BOUND: usize = 1024;
+
+/// Whether callers may take the run token themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// A caller that finds the owner idle runs its step itself.
+    RunOnCaller,
+    /// Every request goes through the queue to the actor task.
+    ActorOnly,
+}
+
+/// Creates the token for the owner state that `make` builds (given a weak sender, for the
+/// state to make strong ones from), with one sender.
+pub(crate) fn run_token<S: Owned<R>, R>(
+    make: impl FnOnce(WeakSender<S, R>) -> S,
+    mode: Mode,
+) -> (Sender<S, R>, Receiver<S, R>) {
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            idle: None,
+            queue: Vec::new(),
+            closed: false,
+            receiver_gone: false,
+            owner_taken: false,
+            actor: None,
+            actor_wants_token: false,
+        }),
+        senders: AtomicUsize::new(1),
+        mode,
+    });
+    let owner = make(WeakSender {
+        shared: Arc::clone(&shared),
+    });
+    shared.lock().idle = Some(Idle {
+        owner: Box::new(owner),
+        batch: Vec::new(),
+    });
+    (
+        Sender {
+            shared: Arc::clone(&shared),
+        },
+        Receiver { shared },
+    )
+}
+
+struct Shared<S: Owned<R>, R> {
+    state: Mutex<State<S, R>>,
+    /// Strong senders alive. Changed outside the mutex; only the change to zero takes it, to
+    /// wake the actor.
+    senders: AtomicUsize,
+    mode: Mode,
+}
+
+impl<S: Owned<R>, R> Shared<S, R> {
+    fn lock(&self) -> MutexGuard<'_, State<S, R>> {
+        // Nothing that can panic runs under this lock (user code runs under the token, not
+        // the lock), so poisoning cannot happen; if it ever did, the state is still plain data.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+struct State<S: Owned<R>, R> {
+    /// The owner state while nobody holds the token; `None` while someone does, and for good
+    /// once the actor has closed it.
+    idle: Option<Idle<S, R>>,
+    /// Requests that found the owner busy, oldest first.
+    queue: Vec<R>,
+    /// No request is taken any more.
+    closed: bool,
+    /// The actor is gone: an owner state given back now is dropped instead.
+    receiver_gone: bool,
+    /// The actor took the owner state for good, to close it.
+    owner_taken: bool,
+    /// The actor task's waker while it sleeps. Taken by whoever wakes it, so that one wake
+    /// serves for many pushes.
+    actor: Option<Waker>,
+    /// The actor sleeps until the token is given back (to handle a message, or to close).
+    actor_wants_token: bool,
+}
+
+/// What lies in the mutex while the owner is idle: the state, and the batch buffer that the
+/// next holder swaps with the queue (so that serving a queue allocates nothing once warm).
+struct Idle<S: Owned<R>, R> {
+    owner: Box<S>,
+    batch: Vec<R>,
+}
+
+/// What a caller found: the token, the queue, or a closed owner.
+pub(crate) enum Entry<'a, S: Owned<R>, R> {
+    /// The owner was idle and nothing was queued: run the step, then
+    /// [`release`](RunToken::release).
+    Run(RunToken<'a, S, R>),
+    /// The owner is busy: push the request (under the lock, so the decision still holds).
+    Busy(Queue<'a, S, R>),
+    /// The owner takes no more requests.
+    Closed,
+}
+
+/// The sending end, held by handles and guards. The actor runs until every sender is gone.
+pub(crate) struct Sender<S: Owned<R>, R> {
+    shared: Arc<Shared<S, R>>,
+}
+
+impl<S: Owned<R>, R> Sender<S, R> {
+    /// Takes the run token if the owner is idle and nothing is queued; otherwise hands over the
+    /// queue, locked, for the caller to push its request.
+    pub(crate) fn enter(&self) -> Entry<'_, S, R> {
+        let mut state = self.shared.lock();
+        if state.closed {
+            return Entry::Closed;
+        }
+        if self.shared.mode == Mode::RunOnCaller
+            && state.queue.is_empty()
+            && let Some(idle) = state.idle.take()
+        {
+            return Entry::Run(RunToken {
+                shared: &self.shared,
+                idle: Some(idle),
+            });
+        }
+        Entry::Busy(Queue { state })
+    }
+
+    /// Whether requests are refused from now on.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.shared.lock().closed
+    }
+}
+
+impl<S: Owned<R>, R> Clone for Sender<S, R> {
+    fn clone(&self) -> Self {
+        // Relaxed, as for `Arc`: this sender already keeps the count above zero.
+        self.shared.senders.fetch_add(1, Ordering::Relaxed);
+        Sender {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: Owned<R>, R> Drop for Sender<S, R> {
+    fn drop(&mut self) {
+        if self.shared.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The last sender: an actor asleep must learn that nothing will come. Taking the
+            // waker under the lock orders this with its check of the count, which it makes
+            // under the same lock before it sleeps.
+            let waker = self.shared.lock().actor.take();
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+        }
+    }
+}
+
+impl<S: Owned<R>, R> fmt::Debug for Sender<S, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sender").finish_non_exhaustive()
+    }
+}
+
+/// A sender that does not count: it can become a [`Sender`] again only while another is alive.
+pub(crate) struct WeakSender<S: Owned<R>, R> {
+    shared: Arc<Shared<S, R>>,
+}
+
+impl<S: Owned<R>, R> WeakSender<S, R> {
+    /// A strong sender, unless every strong sender is gone (then the actor stops, for good).
+    pub(crate) fn upgrade(&self) -> Option<Sender<S, R>> {
+        let mut senders = self.shared.senders.load(Ordering::Relaxed);
+        loop {
+            if senders == 0 {
+                return None;
+            }
+            match self.shared.senders.compare_exchange_weak(
+                senders,
+                senders + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Some(Sender {
+                        shared: Arc::clone(&self.shared),
+                    });
+                }
+                Err(now) => senders = now,
+            }
+        }
+    }
+}
+
+impl<S: Owned<R>, R> fmt::Debug for WeakSender<S, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakSender").finish_non_exhaustive()
+    }
+}
+
+/// The queue, locked, found busy by [`Sender::enter`].
+pub(crate) struct Queue<'a, S: Owned<R>, R> {
+    state: MutexGuard<'a, State<S, R>>,
+}
+
+impl<S: Owned<R>, R> Queue<'_, S, R> {
+    /// Queues `request`. If the token lies idle (a holder handed the queue to the actor, or
+    /// callers never take it), wakes the actor; if someone holds it, that holder serves the
+    /// request before giving it back.
+    pub(crate) fn push(mut self, request: R) {
+        self.state.queue.push(request);
+        let waker = if self.state.idle.is_some() {
+            self.state.actor.take()
+        } else {
+            None
+        };
+        drop(self.state);
+        // Outside the lock: the actor may run at once on another thread and want it.
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// The right to run the owner's step, with the owner state it gives access to.
+///
+/// Never held across an `.await`: every step is synchronous. Give it back with
+/// [`release`](Self::release); dropping it without (only a panic does) closes the owner.
+pub(crate) struct RunToken<'a, S: Owned<R>, R> {
+    shared: &'a Shared<S, R>,
+    /// `Some` until released.
+    idle: Option<Idle<S, R>>,
+}
+
+impl<S: Owned<R>, R> RunToken<'_, S, R> {
+    /// The owner state.
+    pub(crate) fn owner(&mut self) -> &mut S {
+        match &mut self.idle {
+            Some(idle) => &mut idle.owner,
+            // `release` consumes the token: there is no way to reach a released one.
+            None => unreachable!("a released run token is consumed"),
+        }
+    }
+
+    /// Serves everything queued so far, oldest first, keeping the token: for the actor, before
+    /// a message that must come after the requests sent before it.
+    pub(crate) fn serve_queued(&mut self, effects: &mut S::Effects) {
+        let Some(idle) = &mut self.idle else {
+            return;
+        };
+        loop {
+            {
+                let mut state = self.shared.lock();
+                if state.queue.is_empty() {
+                    return;
+                }
+                std::mem::swap(&mut state.queue, &mut idle.batch);
+            }
+            let Idle { owner, batch } = idle;
+            for request in batch.drain(..) {
+                owner.serve(request, effects);
+            }
+        }
+    }
+
+    /// Serves the requests queued while the token was held, oldest first, at most `bound` of
+    /// them, then gives the token back. Past the bound, whatever is still queued goes to the
+    /// actor task, which is woken for it. Effects of the steps are added to `effects`, for the
+    /// caller to carry out once this returns, outside the token.
+    pub(crate) fn release(mut self, effects: &mut S::Effects, bound: usize) {
+        let mut served = 0;
+        loop {
+            let mut state = self.shared.lock();
+            // The state stays in `self` while requests are served, so that if a step panics
+            // the token's drop finds it and closes the owner.
+            let Some(idle) = &mut self.idle else {
+                return;
+            };
+            if state.queue.is_empty() || served >= bound || state.closed {
+                if let Some(idle) = self.idle.take() {
+                    give_back(idle, state);
+                }
+                return;
+            }
+            // Take the oldest requests, at most as many as the bound still allows. The usual
+            // case takes the whole queue by swapping it with the (empty) batch buffer.
+            let room = bound - served;
+            if state.queue.len() <= room {
+                std::mem::swap(&mut state.queue, &mut idle.batch);
+            } else {
+                idle.batch.extend(state.queue.drain(..room));
+            }
+            drop(state);
+            served += idle.batch.len();
+            let Idle { owner, batch } = idle;
+            for request in batch.drain(..) {
+                owner.serve(request, effects);
+            }
+        }
+    }
+}
+
+impl<S: Owned<R>, R> Drop for RunToken<'_, S, R> {
+    fn drop(&mut self) {
+        // Reached with the state still here only if a step panicked. The table may be half
+        // way through a step: take no more requests, and let the actor close it.
+        let Some(idle) = self.idle.take() else {
+            return;
+        };
+        let mut state = self.shared.lock();
+        state.closed = true;
+        give_back(idle, state);
+    }
+}
+
+/// Puts the owner state back in the mutex (or drops it, if the actor is gone) and lets go of
+/// the lock. Wakes the actor if it waits for the token, if work is left for it (a hand-over
+/// past the bound), or if the owner was closed meanwhile: the one place the token is given
+/// back, so no wake-up the actor needs can be skipped.
+fn give_back<S: Owned<R>, R>(idle: Idle<S, R>, mut state: MutexGuard<'_, State<S, R>>) {
+    let wake_actor = state.actor_wants_token || !state.queue.is_empty() || state.closed;
+    let waker = if wake_actor { state.actor.take() } else { None };
+    let dropped = if state.receiver_gone {
+        Some(idle)
+    } else {
+        state.idle = Some(idle);
+        None
+    };
+    drop(state);
+    // Outside the lock: dropping the owner state closes its waiters' channels, which wakes
+    // them.
+    drop(dropped);
+    if let Some(waker) = waker {
+        waker.wake();
+    }
+}
+
+impl<S: Owned<R>, R> fmt::Debug for RunToken<'_, S, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunToken").finish_non_exhaustive()
+    }
+}
+
+/// What the actor task should do next.
+pub(crate) enum Work<'a, S: Owned<R>, R> {
+    /// Requests are queued and the owner is idle: serve them.
+    Serve(RunToken<'a, S, R>),
+    /// The owner was closed (a step panicked), or every sender is gone and nothing is
+    /// queued: stop.
+    Stop,
+}
+
+/// The actor task's end.
+pub(crate) struct Receiver<S: Owned<R>, R> {
+    shared: Arc<Shared<S, R>>,
+}
+
+impl<S: Owned<R>, R> Receiver<S, R> {
+    /// Ready with the token when requests wait for the actor, or with [`Work::Stop`]. Takes one
+    /// unit of the task's tokio budget, as tokio's channels do, so an actor that is never short
+    /// of work still yields now and then.
+    pub(crate) fn poll_work(&self, cx: &mut Context<'_>) -> Poll<Work<'_, S, R>> {
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+        let mut state = self.shared.lock();
+        if state.closed {
+            coop.made_progress();
+            return Poll::Ready(Work::Stop);
+        }
+        if !state.queue.is_empty()
+            && let Some(idle) = state.idle.take()
+        {
+            state.actor = None;
+            coop.made_progress();
+            return Poll::Ready(Work::Serve(RunToken {
+                shared: &self.shared,
+                idle: Some(idle),
+            }));
+        }
+        if state.queue.is_empty()
+            && state.idle.is_some()
+            && self.shared.senders.load(Ordering::Acquire) == 0
+        {
+            return Poll::Ready(Work::Stop);
+        }
+        // Asleep until a push finds the token idle, a holder hands work over, or the last
+        // sender goes.
+        register(&mut state.actor, cx);
+        Poll::Pending
+    }
+
+    /// Ready with the token as soon as nobody else holds it, whatever is queued (the caller
+    /// serves the queue first if order matters), or `None` once the owner has been closed for
+    /// good by [`close`](Self::close).
+    pub(crate) fn poll_token(&self, cx: &mut Context<'_>) -> Poll<Option<RunToken<'_, S, R>>> {
+        let mut state = self.shared.lock();
+        if state.owner_taken {
+            return Poll::Ready(None);
+        }
+        if let Some(idle) = state.idle.take() {
+            state.actor_wants_token = false;
+            return Poll::Ready(Some(RunToken {
+                shared: &self.shared,
+                idle: Some(idle),
+            }));
+        }
+        state.actor_wants_token = true;
+        register(&mut state.actor, cx);
+        Poll::Pending
+    }
+
+    /// Refuses every later request and takes the owner state for good, with what was still
+    /// queued (oldest first), for the caller to close. `token` must come from
+    /// [`poll_token`](Self::poll_token).
+    pub(crate) fn close(&self, mut token: RunToken<'_, S, R>) -> (Box<S>, Vec<R>) {
+        let Some(idle) = token.idle.take() else {
+            unreachable!("a token is released only by consuming it");
+        };
+        let mut state = self.shared.lock();
+        state.closed = true;
+        state.owner_taken = true;
+        let queued = std::mem::take(&mut state.queue);
+        (idle.owner, queued)
+    }
+}
+
+impl<S: Owned<R>, R> Drop for Receiver<S, R> {
+    fn drop(&mut self) {
+        // The actor is gone (stopped, or its task dropped with the runtime). Whatever is still
+        // here is dropped outside the lock: dropping a waiter's grant channel wakes it with
+        // `Closed`, and its task may send again, which must find the owner closed.
+        let (idle, queued) = {
+            let mut state = self.shared.lock();
+            state.closed = true;
+            state.receiver_gone = true;
+            (state.idle.take(), std::mem::take(&mut state.queue))
+        };
+        drop(queued);
+        drop(idle);
+    }
+}
+
+impl<S: Owned<R>, R> fmt::Debug for Receiver<S, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Receiver").finish_non_exhaustive()
+    }
+}
+
+fn register(slot: &mut Option<Waker>, cx: &Context<'_>) {
+    match slot {
+        Some(waker) if waker.will_wake(cx.waker()) => {}
+        slot => *slot = Some(cx.waker().clone()),
+    }
+}
