@@ -62,43 +62,67 @@ pub(crate) struct OwnerConfig<K> {
 pub(crate) struct Effects<K: LockKey> {
     /// The first wake-up, inline: most steps wake at most one task (a release's next holder).
     wake: Option<Waker>,
-    more_wakes: Vec<Waker>,
+    /// Everything else, boxed on first use, so that the usual step's effects cost two checks.
+    more: Option<Box<MoreEffects<K>>>,
+}
+
+struct MoreEffects<K: LockKey> {
+    wakes: Vec<Waker>,
     replies: Vec<MessageReplyDue<K>>,
 }
 
 type MessageReplyDue<K> = (MessageReply<K>, Result<KeyGuard<K>, LockError>);
 
 impl<K: LockKey> Effects<K> {
+    #[inline]
     pub(crate) fn new() -> Self {
         Effects {
             wake: None,
-            more_wakes: Vec::new(),
-            replies: Vec::new(),
+            more: None,
         }
     }
 
+    #[inline]
     fn wake(&mut self, waker: Waker) {
         match self.wake {
             None => self.wake = Some(waker),
-            Some(_) => self.more_wakes.push(waker),
+            Some(_) => self.more().wakes.push(waker),
         }
     }
 
+    fn more(&mut self) -> &mut MoreEffects<K> {
+        self.more.get_or_insert_with(|| {
+            Box::new(MoreEffects {
+                wakes: Vec::new(),
+                replies: Vec::new(),
+            })
+        })
+    }
+
+    fn reply(&mut self, reply: MessageReply<K>, result: Result<KeyGuard<K>, LockError>) {
+        self.more().replies.push((reply, result));
+    }
+
     /// Wakes every task and sends every reply, in the order the steps left them.
+    #[inline]
     pub(crate) fn carry_out(self) {
         drop(self);
     }
 }
 
 impl<K: LockKey> Drop for Effects<K> {
+    #[inline]
     fn drop(&mut self) {
         if let Some(waker) = self.wake.take() {
             waker.wake();
         }
-        self.more_wakes.drain(..).for_each(Waker::wake);
-        for (reply, result) in self.replies.drain(..) {
-            // If the asker is gone, kameo drops the guard, whose drop releases the key.
-            reply(result);
+        if let Some(more) = self.more.take() {
+            let MoreEffects { wakes, replies } = *more;
+            wakes.into_iter().for_each(Waker::wake);
+            for (reply, result) in replies {
+                // If the asker is gone, kameo drops the guard, whose drop releases the key.
+                reply(result);
+            }
         }
     }
 }
@@ -129,6 +153,7 @@ impl<K: LockKey> Owner<K> {
     }
 
     /// Runs one request to the end: the owner's one step, whoever runs it.
+    #[inline]
     pub(crate) fn step(&mut self, request: Request<K>, effects: &mut Effects<K>) -> Outcome<K> {
         match request {
             Request::Acquire { key, delivery } => self.acquire(key, delivery, effects),
@@ -175,10 +200,12 @@ impl<K: LockKey> Owner<K> {
     }
 
     /// The fencing token a guard shows for this shard's table token (see [`crate::shard`]).
+    #[inline]
     fn registry_token(&self, table_token: u64) -> u64 {
         self.router.registry_token(self.shard, table_token)
     }
 
+    #[inline]
     fn acquire(&mut self, key: K, delivery: Delivery<K>, effects: &mut Effects<K>) -> Outcome<K> {
         if let Delivery::Channel(grant) = &delivery
             && grant.is_abandoned()
@@ -209,6 +236,7 @@ impl<K: LockKey> Owner<K> {
         self.deliver_grants(effects)
     }
 
+    #[inline]
     fn try_acquire(
         &mut self,
         key: K,
@@ -244,6 +272,7 @@ impl<K: LockKey> Owner<K> {
     /// Delivers every pending grant. A grant whose waiter gave up is released on the spot,
     /// which may grant the key to the next waiter, so this loops until nothing is pending.
     /// Returns the caller's own grant, if the step made one.
+    #[inline]
     fn deliver_grants(&mut self, effects: &mut Effects<K>) -> Outcome<K> {
         let mut outcome = Outcome::Done;
         while let Some(Grant {
@@ -272,7 +301,7 @@ impl<K: LockKey> Owner<K> {
                 },
                 Delivery::Message(reply) => {
                     let guard = self.guard_for_message(waiter_id, fencing_token);
-                    effects.replies.push((reply, guard));
+                    effects.reply(reply, guard);
                 }
             }
         }
@@ -303,6 +332,7 @@ impl<K: LockKey> Owner<K> {
         }
     }
 
+    #[inline]
     fn release(&mut self, waiter_id: WaiterId) {
         match self.table.release(waiter_id, &mut self.granted) {
             Ok(key) => debug!(?key, "release"),
@@ -321,6 +351,7 @@ impl<K: LockKey> Owner<K> {
     }
 
     /// Stamps the journal's clock before a request changes the table; free when it is off.
+    #[inline]
     fn stamp_time(&mut self) {
         if self.table.is_journaling() {
             self.table.set_time(self.started.elapsed());
@@ -329,7 +360,7 @@ impl<K: LockKey> Owner<K> {
 
     /// Answers every waiter and every request still `queued` with `Closed`, empties the table
     /// and leaves the journal for the handles to read. The owner is gone for good after this.
-    pub(crate) fn close(mut self: Box<Self>, queued: Vec<Request<K>>) {
+    pub(crate) fn close(mut self, queued: Vec<Request<K>>) {
         // Requests still queued are dropped unhandled: dropping a grant channel or a reply
         // tells its caller `Closed`, and releases and cancels no longer matter once the table
         // is emptied below.
@@ -383,6 +414,7 @@ pub(crate) enum Call<K: LockKey> {
 ///
 /// The token is let go before the step's effects are carried out: wake-ups and kameo replies
 /// never run under it.
+#[inline]
 pub(crate) fn call<K: LockKey>(
     requests: &crate::request::RequestSender<K>,
     make: impl FnOnce(Route) -> Request<K>,

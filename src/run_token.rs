@@ -63,10 +63,14 @@ pub(crate) trait Owned<R> {
     fn serve(&mut self, request: R, effects: &mut Self::Effects);
 }
 
-/// Requests one caller serves for others before it hands the rest to the actor task: a few
-/// microseconds of work at most, so no caller pays much for being first, and a busy owner
-/// still batches. CC-Synch's bound is 144 (`bitslab/ffwd`, `liblock/ccsynch.c`).
-pub(crate) const CALLER_SERVE_BOUND: usize = 64;
+/// Requests one caller serves for others before it hands the rest to the actor task: about a
+/// microsecond of work at most, so no caller pays much for being first. Small on purpose: a
+/// caller that keeps the token while other workers keep queueing makes the table's memory
+/// travel between cores at every turn, where the actor task keeps it on one; on the 2-core
+/// benchmark machine 8 did better than 64 under contention and as well on one hot key
+/// (`examples/profile_contended.rs`, ARCHITECTURE.md). CC-Synch, for threads that spin
+/// rather than tasks, uses 144 (`bitslab/ffwd`, `liblock/ccsynch.c`).
+pub(crate) const CALLER_SERVE_BOUND: usize = 8;
 
 /// Requests the actor task serves per hold of the token, between two looks at its mailbox and
 /// its tokio budget.
@@ -103,10 +107,10 @@ pub(crate) fn run_token<S: Owned<R>, R>(
     let owner = make(WeakSender {
         shared: Arc::clone(&shared),
     });
-    shared.lock().idle = Some(Idle {
-        owner: Box::new(owner),
+    shared.lock().idle = Some(Box::new(Idle {
+        owner,
         batch: Vec::new(),
-    });
+    }));
     (
         Sender {
             shared: Arc::clone(&shared),
@@ -134,7 +138,7 @@ impl<S: Owned<R>, R> Shared<S, R> {
 struct State<S: Owned<R>, R> {
     /// The owner state while nobody holds the token; `None` while someone does, and for good
     /// once the actor has closed it.
-    idle: Option<Idle<S, R>>,
+    idle: Option<Box<Idle<S, R>>>,
     /// Requests that found the owner busy, oldest first.
     queue: Vec<R>,
     /// No request is taken any more.
@@ -152,8 +156,9 @@ struct State<S: Owned<R>, R> {
 
 /// What lies in the mutex while the owner is idle: the state, and the batch buffer that the
 /// next holder swaps with the queue (so that serving a queue allocates nothing once warm).
+/// Boxed, so that taking the token and giving it back moves one pointer.
 struct Idle<S: Owned<R>, R> {
-    owner: Box<S>,
+    owner: S,
     batch: Vec<R>,
 }
 
@@ -176,6 +181,7 @@ pub(crate) struct Sender<S: Owned<R>, R> {
 impl<S: Owned<R>, R> Sender<S, R> {
     /// Takes the run token if the owner is idle and nothing is queued; otherwise hands over the
     /// queue, locked, for the caller to push its request.
+    #[inline]
     pub(crate) fn enter(&self) -> Entry<'_, S, R> {
         let mut state = self.shared.lock();
         if state.closed {
@@ -296,11 +302,12 @@ impl<S: Owned<R>, R> Queue<'_, S, R> {
 pub(crate) struct RunToken<'a, S: Owned<R>, R> {
     shared: &'a Shared<S, R>,
     /// `Some` until released.
-    idle: Option<Idle<S, R>>,
+    idle: Option<Box<Idle<S, R>>>,
 }
 
 impl<S: Owned<R>, R> RunToken<'_, S, R> {
     /// The owner state.
+    #[inline]
     pub(crate) fn owner(&mut self) -> &mut S {
         match &mut self.idle {
             Some(idle) => &mut idle.owner,
@@ -323,7 +330,7 @@ impl<S: Owned<R>, R> RunToken<'_, S, R> {
                 }
                 std::mem::swap(&mut state.queue, &mut idle.batch);
             }
-            let Idle { owner, batch } = idle;
+            let Idle { owner, batch } = &mut **idle;
             for request in batch.drain(..) {
                 owner.serve(request, effects);
             }
@@ -334,6 +341,7 @@ impl<S: Owned<R>, R> RunToken<'_, S, R> {
     /// them, then gives the token back. Past the bound, whatever is still queued goes to the
     /// actor task, which is woken for it. Effects of the steps are added to `effects`, for the
     /// caller to carry out once this returns, outside the token.
+    #[inline]
     pub(crate) fn release(mut self, effects: &mut S::Effects, bound: usize) {
         let mut served = 0;
         loop {
@@ -359,7 +367,7 @@ impl<S: Owned<R>, R> RunToken<'_, S, R> {
             }
             drop(state);
             served += idle.batch.len();
-            let Idle { owner, batch } = idle;
+            let Idle { owner, batch } = &mut **idle;
             for request in batch.drain(..) {
                 owner.serve(request, effects);
             }
@@ -384,19 +392,19 @@ impl<S: Owned<R>, R> Drop for RunToken<'_, S, R> {
 /// the lock. Wakes the actor if it waits for the token, if work is left for it (a hand-over
 /// past the bound), or if the owner was closed meanwhile: the one place the token is given
 /// back, so no wake-up the actor needs can be skipped.
-fn give_back<S: Owned<R>, R>(idle: Idle<S, R>, mut state: MutexGuard<'_, State<S, R>>) {
+#[inline]
+fn give_back<S: Owned<R>, R>(idle: Box<Idle<S, R>>, mut state: MutexGuard<'_, State<S, R>>) {
     let wake_actor = state.actor_wants_token || !state.queue.is_empty() || state.closed;
     let waker = if wake_actor { state.actor.take() } else { None };
-    let dropped = if state.receiver_gone {
-        Some(idle)
+    if state.receiver_gone {
+        drop(state);
+        // Outside the lock: dropping the owner state closes its waiters' channels, which
+        // wakes them.
+        drop(idle);
     } else {
         state.idle = Some(idle);
-        None
-    };
-    drop(state);
-    // Outside the lock: dropping the owner state closes its waiters' channels, which wakes
-    // them.
-    drop(dropped);
+        drop(state);
+    }
     if let Some(waker) = waker {
         waker.wake();
     }
@@ -478,7 +486,7 @@ impl<S: Owned<R>, R> Receiver<S, R> {
     /// Refuses every later request and takes the owner state for good, with what was still
     /// queued (oldest first), for the caller to close. `token` must come from
     /// [`poll_token`](Self::poll_token).
-    pub(crate) fn close(&self, mut token: RunToken<'_, S, R>) -> (Box<S>, Vec<R>) {
+    pub(crate) fn close(&self, mut token: RunToken<'_, S, R>) -> (S, Vec<R>) {
         let Some(idle) = token.idle.take() else {
             unreachable!("a token is released only by consuming it");
         };
@@ -486,7 +494,8 @@ impl<S: Owned<R>, R> Receiver<S, R> {
         state.closed = true;
         state.owner_taken = true;
         let queued = std::mem::take(&mut state.queue);
-        (idle.owner, queued)
+        let Idle { owner, .. } = *idle;
+        (owner, queued)
     }
 }
 
@@ -516,5 +525,237 @@ fn register(slot: &mut Option<Waker>, cx: &Context<'_>) {
     match slot {
         Some(waker) if waker.will_wake(cx.waker()) => {}
         slot => *slot = Some(cx.waker().clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+
+    use tokio_test::{assert_pending, assert_ready, task};
+
+    use super::*;
+
+    /// An owner whose step writes down what it served, in order.
+    #[derive(Debug, Default)]
+    struct Log(Vec<u32>);
+
+    impl Owned<u32> for Log {
+        type Effects = ();
+
+        fn serve(&mut self, request: u32, _: &mut ()) {
+            assert_ne!(request, PANICS, "a step that panics");
+            self.0.push(request);
+        }
+    }
+
+    const PANICS: u32 = u32::MAX;
+
+    fn log(mode: Mode) -> (Sender<Log, u32>, Receiver<Log, u32>) {
+        run_token(|_weak| Log::default(), mode)
+    }
+
+    /// Runs `request` the way a caller does: its own step if the owner is idle, else queued.
+    fn call(sender: &Sender<Log, u32>, request: u32, bound: usize) {
+        match sender.enter() {
+            Entry::Run(mut token) => {
+                token.owner().serve(request, &mut ());
+                token.release(&mut (), bound);
+            }
+            Entry::Busy(queue) => queue.push(request),
+            Entry::Closed => panic!("the owner is closed"),
+        }
+    }
+
+    fn held(sender: &Sender<Log, u32>) -> RunToken<'_, Log, u32> {
+        match sender.enter() {
+            Entry::Run(token) => token,
+            _ => panic!("the owner is idle"),
+        }
+    }
+
+    /// What the owner served so far; takes the token, so the owner must be idle.
+    fn served(receiver: &Receiver<Log, u32>) -> Vec<u32> {
+        let mut poll = task::spawn(poll_fn(|cx| {
+            receiver
+                .poll_token(cx)
+                .map(|token| token.map(|mut token| std::mem::take(&mut token.owner().0)))
+        }));
+        assert_ready!(poll.poll()).expect("the owner is open")
+    }
+
+    #[test]
+    fn an_idle_owner_runs_on_the_caller_without_waking_the_actor() {
+        let (sender, receiver) = log(Mode::RunOnCaller);
+        let mut actor = task::spawn(poll_fn(|cx| receiver.poll_work(cx).map(|_| ())));
+        assert_pending!(actor.poll());
+        call(&sender, 1, CALLER_SERVE_BOUND);
+        call(&sender, 2, CALLER_SERVE_BOUND);
+        assert!(!actor.is_woken(), "no task switch for an idle owner");
+        drop(actor);
+        assert_eq!(served(&receiver), [1, 2]);
+    }
+
+    #[test]
+    fn requests_queued_while_a_caller_runs_are_served_by_it_in_arrival_order() {
+        let (sender, receiver) = log(Mode::RunOnCaller);
+        let mut actor = task::spawn(poll_fn(|cx| receiver.poll_work(cx).map(|_| ())));
+        assert_pending!(actor.poll());
+        let mut token = held(&sender);
+        call(&sender, 2, CALLER_SERVE_BOUND);
+        call(&sender, 3, CALLER_SERVE_BOUND);
+        token.owner().serve(1, &mut ());
+        token.release(&mut (), CALLER_SERVE_BOUND);
+        assert!(!actor.is_woken(), "the holder served everything itself");
+        drop(actor);
+        assert_eq!(served(&receiver), [1, 2, 3]);
+    }
+
+    #[test]
+    fn past_the_bound_the_holder_hands_the_rest_to_the_actor_and_wakes_it() {
+        let (sender, receiver) = log(Mode::RunOnCaller);
+        let mut actor = task::spawn(poll_fn(|cx| {
+            receiver.poll_work(cx).map(|work| match work {
+                Work::Serve(token) => token.release(&mut (), ACTOR_SERVE_BOUND),
+                Work::Stop => panic!("nothing stops the owner here"),
+            })
+        }));
+        assert_pending!(actor.poll());
+        let token = held(&sender);
+        for request in 0..5 {
+            call(&sender, request, 2);
+        }
+        token.release(&mut (), 2);
+        assert!(actor.is_woken(), "the queue was handed over");
+        // Until the actor runs, the owner is busy: a caller queues behind the others.
+        call(&sender, 5, 2);
+        assert_ready!(actor.poll());
+        drop(actor);
+        assert_eq!(served(&receiver), [0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn a_push_that_finds_the_token_idle_wakes_the_actor_once() {
+        let (sender, receiver) = log(Mode::ActorOnly);
+        let mut actor = task::spawn(poll_fn(|cx| {
+            receiver.poll_work(cx).map(|work| match work {
+                Work::Serve(token) => token.release(&mut (), ACTOR_SERVE_BOUND),
+                Work::Stop => panic!("nothing stops the owner here"),
+            })
+        }));
+        assert_pending!(actor.poll());
+        call(&sender, 1, CALLER_SERVE_BOUND);
+        assert!(actor.is_woken());
+        call(&sender, 2, CALLER_SERVE_BOUND);
+        assert_eq!(
+            actor.waker_ref_count(),
+            1,
+            "the waker was taken by the first push"
+        );
+        assert_ready!(actor.poll());
+        assert_eq!(served(&receiver), [1, 2]);
+    }
+
+    #[test]
+    fn an_actor_waiting_for_the_token_gets_it_when_the_caller_lets_go() {
+        let (sender, receiver) = log(Mode::RunOnCaller);
+        let token = held(&sender);
+        let mut actor = task::spawn(poll_fn(|cx| receiver.poll_token(cx).map(|t| t.is_some())));
+        assert_pending!(actor.poll());
+        token.release(&mut (), CALLER_SERVE_BOUND);
+        assert!(actor.is_woken());
+        assert!(assert_ready!(actor.poll()));
+    }
+
+    #[test]
+    fn the_actor_stops_once_every_sender_is_gone_and_nothing_is_queued() {
+        let (sender, receiver) = log(Mode::RunOnCaller);
+        let mut actor = task::spawn(poll_fn(|cx| {
+            receiver
+                .poll_work(cx)
+                .map(|work| matches!(work, Work::Stop))
+        }));
+        assert_pending!(actor.poll());
+        let second = sender.clone();
+        drop(sender);
+        assert!(!actor.is_woken());
+        drop(second);
+        assert!(actor.is_woken());
+        assert!(assert_ready!(actor.poll()));
+    }
+
+    #[test]
+    fn a_step_that_panics_closes_the_owner_and_wakes_the_actor() {
+        let (sender, receiver) = log(Mode::RunOnCaller);
+        let mut actor = task::spawn(poll_fn(|cx| {
+            receiver
+                .poll_work(cx)
+                .map(|work| matches!(work, Work::Stop))
+        }));
+        assert_pending!(actor.poll());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            call(&sender, PANICS, CALLER_SERVE_BOUND)
+        }));
+        assert!(panicked.is_err());
+        assert!(matches!(sender.enter(), Entry::Closed));
+        assert!(actor.is_woken());
+        assert!(assert_ready!(actor.poll()), "the actor stops");
+        // The state is back for the actor to close.
+        let mut close = task::spawn(poll_fn(|cx| receiver.poll_token(cx).map(|t| t.is_some())));
+        assert!(assert_ready!(close.poll()));
+    }
+
+    /// Threads that run or queue requests at random moments, against an actor task that serves
+    /// hand-overs, with a bound of 2 so that hand-overs are frequent: every request is served
+    /// once, each thread's in its order. A lost wake-up would leave requests queued for ever
+    /// and the wait below would time out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn under_contention_every_request_is_served_once_and_in_each_callers_order() {
+        const THREADS: u32 = 4;
+        const EACH: u32 = 20_000;
+        let (sender, receiver) = log(Mode::RunOnCaller);
+        let actor = tokio::spawn(async move {
+            loop {
+                let stop = poll_fn(|cx| {
+                    receiver.poll_work(cx).map(|work| match work {
+                        Work::Serve(token) => {
+                            token.release(&mut (), 2);
+                            false
+                        }
+                        Work::Stop => true,
+                    })
+                })
+                .await;
+                if stop {
+                    return receiver;
+                }
+            }
+        });
+        let threads: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                let sender = sender.clone();
+                std::thread::spawn(move || {
+                    for n in 0..EACH {
+                        call(&sender, thread * EACH + n, 2);
+                    }
+                })
+            })
+            .collect();
+        drop(sender);
+        for thread in threads {
+            thread.join().expect("a caller thread");
+        }
+        let receiver = tokio::time::timeout(std::time::Duration::from_secs(60), actor)
+            .await
+            .expect("every request is served and the actor stops")
+            .expect("the actor task");
+        let log = served(&receiver);
+        assert_eq!(log.len(), (THREADS * EACH) as usize);
+        let mut next = vec![0; THREADS as usize];
+        for request in log {
+            let (thread, n) = ((request / EACH) as usize, request % EACH);
+            assert_eq!(n, next[thread], "caller {thread} out of order");
+            next[thread] += 1;
+        }
     }
 }

@@ -38,26 +38,41 @@ pub trait Contender: Send + Sync + Sized + 'static {
     }
 }
 
-/// This crate with its default single registry actor.
-pub type Ours = OursWithShards<1>;
+/// This crate as users get it: one shard, steps run by the caller when the shard is idle.
+pub type Ours = OursWith<1, false>;
 
-/// This crate with one registry actor per worker thread: `RegistryBuilder::shards(2)`.
-pub type OursSharded = OursWithShards<2>;
+/// This crate in actor mode: every request goes to the registry's actor task
+/// (`RegistryBuilder::execution(Execution::ActorTask)`).
+pub type OursActorMode = OursWith<1, true>;
 
-/// This crate, built with `SHARDS` registry actors.
-pub struct OursWithShards<const SHARDS: usize>(keyed_locks::LockRegistry<u64>);
+/// This crate with one shard per worker thread: `RegistryBuilder::shards(2)`.
+pub type OursSharded = OursWith<2, false>;
 
-impl<const SHARDS: usize> Contender for OursWithShards<SHARDS> {
-    const NAME: &'static str = match SHARDS {
-        1 => "keyed-locks",
-        2 => "keyed-locks-2-shards",
-        _ => "keyed-locks-n-shards",
+/// This crate, built with `SHARDS` shards, in actor mode if `ACTOR_TASK`.
+pub struct OursWith<const SHARDS: usize, const ACTOR_TASK: bool>(keyed_locks::LockRegistry<u64>);
+
+impl<const SHARDS: usize, const ACTOR_TASK: bool> Contender for OursWith<SHARDS, ACTOR_TASK> {
+    const NAME: &'static str = match (SHARDS, ACTOR_TASK) {
+        (1, false) => "keyed-locks",
+        (1, true) => "keyed-locks-actor",
+        (2, false) => "keyed-locks-2-shards",
+        _ => "keyed-locks-other",
     };
     type Guard<'a> = keyed_locks::KeyGuard<u64>;
 
     fn new(_keys: usize) -> Self {
         let shards = std::num::NonZeroUsize::new(SHARDS).expect("a registry has a shard");
-        OursWithShards(keyed_locks::LockRegistry::builder().shards(shards).spawn())
+        let execution = if ACTOR_TASK {
+            keyed_locks::Execution::ActorTask
+        } else {
+            keyed_locks::Execution::RunOnCaller
+        };
+        OursWith(
+            keyed_locks::LockRegistry::builder()
+                .shards(shards)
+                .execution(execution)
+                .spawn(),
+        )
     }
 
     async fn lock(&self, key: u64) -> Self::Guard<'_> {
@@ -351,7 +366,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 macro_rules! for_each_contender {
     ($c:ident => $body:expr) => {
         $crate::for_each_contender!(@each $c => $body;
-            Ours, OursSharded, LockablePeer, KeyedLockPeer, KeyMutexPeer, Seed, NaiveActor, Floor)
+            Ours, OursActorMode, OursSharded, LockablePeer, KeyedLockPeer, KeyMutexPeer, Seed, NaiveActor, Floor)
     };
     (@each $c:ident => $body:expr; $($contender:ident),*) => {{
         $({
