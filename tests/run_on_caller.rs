@@ -1,0 +1,200 @@
+//! With the default execution mode a call that finds its shard idle runs the owner's step
+//! itself (a free key is granted on the first poll, a release wakes the next waiter at once),
+//! and a call that finds a step running queues, to be served in arrival order by whoever runs
+//! it. Actor mode keeps every request on the actor task.
+
+use std::hash::{Hash, Hasher};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use keyed_locks::{Execution, LockRegistry};
+use tokio_test::{assert_pending, assert_ready, task};
+
+fn registry<K: keyed_locks::LockKey>(execution: Execution) -> LockRegistry<K> {
+    LockRegistry::builder().execution(execution).spawn()
+}
+
+#[tokio::test]
+async fn a_free_key_is_granted_on_the_first_poll_without_the_actor() {
+    let registry = registry(Execution::RunOnCaller);
+    let mut lock = task::spawn(registry.lock(1));
+    let guard = assert_ready!(lock.poll()).unwrap();
+    assert_eq!(guard.fencing_token(), 1);
+}
+
+#[tokio::test]
+async fn in_actor_mode_even_a_free_key_waits_for_the_actor() {
+    let registry = registry(Execution::ActorTask);
+    let mut lock = task::spawn(registry.lock(1));
+    assert_pending!(lock.poll());
+    assert_eq!(lock.await.unwrap().fencing_token(), 1);
+}
+
+#[tokio::test]
+async fn a_release_hands_the_key_to_the_next_waiter_directly() {
+    // Current-thread runtime: the actor cannot run until this test awaits, so a waiter woken
+    // right after the drop was woken by the drop itself.
+    let registry = registry(Execution::RunOnCaller);
+    let holder = registry.lock(1).await.unwrap();
+    let mut waiter = task::spawn(registry.lock(1));
+    assert_pending!(waiter.poll());
+    drop(holder);
+    assert!(waiter.is_woken(), "the release woke the next holder");
+    assert_eq!(assert_ready!(waiter.poll()).unwrap().fencing_token(), 2);
+}
+
+#[tokio::test]
+async fn in_actor_mode_a_release_goes_through_the_actor() {
+    let registry = registry(Execution::ActorTask);
+    let holder = registry.lock(1).await.unwrap();
+    let mut waiter = task::spawn(registry.lock(1));
+    assert_pending!(waiter.poll());
+    registry.stats().await.unwrap();
+    drop(holder);
+    assert!(
+        !waiter.is_woken(),
+        "queued for the actor, which has not run yet"
+    );
+    registry.stats().await.unwrap();
+    assert!(waiter.is_woken());
+}
+
+/// A key whose `Hash` can be made to wait at a gate, once: the step that first hashes it
+/// keeps running (holding the run token) until the test opens the gate.
+#[derive(Debug, Clone)]
+struct Gated {
+    id: u32,
+    gate: Option<Gate>,
+}
+
+#[derive(Debug, Clone)]
+struct Gate {
+    /// Told when a step has reached the gate.
+    reached: mpsc::SyncSender<()>,
+    /// Waited on until the test opens the gate; taken by the first hash.
+    open: Arc<Mutex<Option<mpsc::Receiver<()>>>>,
+}
+
+impl Hash for Gated {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        if let Some(gate) = &self.gate
+            && let Some(open) = gate.open.lock().unwrap().take()
+        {
+            let _ = gate.reached.send(());
+            let _ = open.recv();
+        }
+        self.id.hash(state);
+    }
+}
+
+impl PartialEq for Gated {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Gated {}
+
+fn key(id: u32) -> Gated {
+    Gated { id, gate: None }
+}
+
+/// Starts a step on another thread that stops at a gate while holding the run token; returns
+/// the sender that opens the gate and the thread.
+fn hold_the_token_on_another_thread(
+    registry: &LockRegistry<Gated>,
+) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (reached, reached_rx) = mpsc::sync_channel(1);
+    let (open, open_rx) = mpsc::channel();
+    let gated = Gated {
+        id: 999,
+        gate: Some(Gate {
+            reached,
+            open: Arc::new(Mutex::new(Some(open_rx))),
+        }),
+    };
+    let registry = registry.clone();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async move { drop(registry.try_lock(gated).await.unwrap()) });
+    });
+    reached_rx.recv().expect("the step reached the gate");
+    (open, thread)
+}
+
+#[tokio::test]
+async fn requests_made_while_a_step_runs_are_served_by_its_caller_in_arrival_order() {
+    let registry = registry(Execution::RunOnCaller);
+    let holder = registry.lock(key(1)).await.unwrap();
+    let (open, thread) = hold_the_token_on_another_thread(&registry);
+
+    // The shard is busy: these queue, in this order, instead of running here.
+    drop(holder);
+    let mut first = task::spawn(registry.lock(key(1)));
+    let mut second = task::spawn(registry.lock(key(1)));
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    let mut free = task::spawn(registry.lock(key(2)));
+    assert_pending!(free.poll(), "even a free key waits while a step runs");
+
+    open.send(()).unwrap();
+    thread.join().unwrap();
+    // The other thread's caller served the queue before letting go: release, then the two
+    // acquires in arrival order, then the free key.
+    assert!(first.is_woken() && free.is_woken());
+    let first = assert_ready!(first.poll()).unwrap();
+    assert_pending!(second.poll());
+    let free = assert_ready!(free.poll()).unwrap();
+    assert_eq!(
+        (first.fencing_token(), free.fencing_token()),
+        (3, 4),
+        "key 1 was held (1), the gated step took 2"
+    );
+    drop(first);
+    assert_eq!(assert_ready!(second.poll()).unwrap().fencing_token(), 5);
+    drop(free);
+    assert_eq!(registry.stats().await.unwrap().keys, 0);
+}
+
+#[tokio::test]
+async fn a_request_dropped_while_queued_behind_a_step_leaves_nothing() {
+    let registry = registry(Execution::RunOnCaller);
+    let (open, thread) = hold_the_token_on_another_thread(&registry);
+    let mut dropped = task::spawn(registry.lock(key(1)));
+    assert_pending!(dropped.poll());
+    let mut dropped_try = task::spawn(registry.try_lock(key(2)));
+    assert_pending!(dropped_try.poll());
+    drop((dropped, dropped_try));
+
+    open.send(()).unwrap();
+    thread.join().unwrap();
+    let stats = registry.stats().await.unwrap();
+    assert_eq!(
+        (stats.keys, stats.grants),
+        (0, 1),
+        "only the gated step was granted"
+    );
+}
+
+#[tokio::test]
+async fn a_grant_made_while_its_caller_gave_up_passes_the_key_on() {
+    let registry = registry(Execution::RunOnCaller);
+    let holder = registry.lock(key(1)).await.unwrap();
+    let mut gives_up = task::spawn(registry.lock(key(1)));
+    assert_pending!(gives_up.poll());
+    let mut next = task::spawn(registry.lock(key(1)));
+    assert_pending!(next.poll());
+
+    let (open, thread) = hold_the_token_on_another_thread(&registry);
+    drop(holder); // queued: granted to `gives_up` once the gate opens
+    open.send(()).unwrap();
+    thread.join().unwrap();
+    assert!(gives_up.is_woken());
+    drop(gives_up); // its grant in flight: the drop releases, and `next` gets the key
+    assert!(next.is_woken());
+    let guard = assert_ready!(next.poll()).unwrap();
+    drop(guard);
+    assert_eq!(registry.stats().await.unwrap().keys, 0);
+}
