@@ -233,7 +233,8 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
                     debug!(?key, "acquire sent to the wrong shard: refused");
                     return Some(reply);
                 }
-                let delivery = Delivery::Message(Box::new(move |result| reply.send(result)));
+                let delivery =
+                    Delivery::Message(Box::new(Box::new(move |result| reply.send(result))));
                 let _done = owner.step(Request::Acquire { key, delivery }, effects);
                 None
             })

@@ -146,12 +146,15 @@ impl<K: LockKey> LockRegistry<K> {
     /// ```
     pub async fn lock(&self, key: K) -> Result<KeyGuard<K>, LockError> {
         let shard = self.shard_for(&key);
-        let granted = match shard.acquire(key.clone()) {
-            Acquiring::Granted(granted) => granted,
-            Acquiring::Waiting(pending) => pending.await.map_err(|_| LockError::Closed)?,
+        // Only the pending grant is kept across the await (not the whole `Acquiring`), which
+        // keeps every waiting `lock` future small.
+        let pending = match shard.acquire(key.clone()) {
+            Acquiring::Granted(granted) => return Ok(shard.guard(key, granted)),
+            Acquiring::Waiting(pending) => pending,
             // An acquire waits rather than be refused; only a closed shard ends it early.
             Acquiring::WouldBlock | Acquiring::Closed => return Err(LockError::Closed),
         };
+        let granted = pending.await.map_err(|_| LockError::Closed)?;
         Ok(shard.guard(key, granted))
     }
 
@@ -187,17 +190,16 @@ impl<K: LockKey> LockRegistry<K> {
     /// ```
     pub async fn try_lock(&self, key: K) -> Result<KeyGuard<K>, TryLockError> {
         let shard = self.shard_for(&key);
-        let granted = match shard.try_acquire(key.clone()) {
-            Acquiring::Granted(granted) => granted,
-            Acquiring::Waiting(pending) => {
-                pending.await.map_err(|not_granted| match not_granted {
-                    NotGranted::WouldBlock => TryLockError::WouldBlock,
-                    NotGranted::Closed => TryLockError::Closed,
-                })?
-            }
+        let pending = match shard.try_acquire(key.clone()) {
+            Acquiring::Granted(granted) => return Ok(shard.guard(key, granted)),
+            Acquiring::Waiting(pending) => pending,
             Acquiring::WouldBlock => return Err(TryLockError::WouldBlock),
             Acquiring::Closed => return Err(TryLockError::Closed),
         };
+        let granted = pending.await.map_err(|not_granted| match not_granted {
+            NotGranted::WouldBlock => TryLockError::WouldBlock,
+            NotGranted::Closed => TryLockError::Closed,
+        })?;
         Ok(shard.guard(key, granted))
     }
 

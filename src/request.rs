@@ -47,12 +47,12 @@ pub(crate) enum Delivery<K: LockKey> {
     Caller,
     /// A [`lock`](crate::LockRegistry::lock) call that waits on its grant channel.
     Channel(GrantSender),
-    /// An `ask(Acquire)`: sends kameo's reply.
-    Message(MessageReply<K>),
+    /// An `ask(Acquire)`: sends kameo's reply. Boxed again: this path is rare, and a thin
+    /// pointer keeps every waiter's record (so every held key) 8 bytes smaller.
+    Message(Box<MessageReply<K>>),
 }
 
-/// Sends the reply to an `ask(Acquire)`. Boxed: this path is rare, and the box keeps every
-/// waiter's record one word smaller. A trait object rather than kameo's `ReplySender` itself:
+/// Sends the reply to an `ask(Acquire)`. A trait object rather than kameo's `ReplySender` itself:
 /// the reply holds a guard, the guard a sender, the sender the owner and the owner this
 /// delivery, and only a `dyn ... + Send` lets the compiler see that such a cycle is `Send`.
 pub(crate) type MessageReply<K> = Box<dyn FnOnce(Result<KeyGuard<K>, LockError>) + Send>;
