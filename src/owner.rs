@@ -99,8 +99,8 @@ impl<K: LockKey> Effects<K> {
         })
     }
 
-    fn reply(&mut self, reply: Box<MessageReply<K>>, result: Result<KeyGuard<K>, LockError>) {
-        self.more().replies.push((*reply, result));
+    fn reply(&mut self, reply: MessageReply<K>, result: Result<KeyGuard<K>, LockError>) {
+        self.more().replies.push((reply, result));
     }
 
     /// Wakes every task and sends every reply, in the order the steps left them.
@@ -301,7 +301,7 @@ impl<K: LockKey> Owner<K> {
                 },
                 Delivery::Message(reply) => {
                     let guard = self.guard_for_message(waiter_id, fencing_token);
-                    effects.reply(reply, guard);
+                    effects.reply(*reply, guard);
                 }
             }
         }
