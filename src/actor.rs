@@ -8,17 +8,15 @@
 //! actor serves the queue a batch at a time, as a classic actor does.
 //!
 //! The actor is also what kameo sees: its mailbox carries the public
-//! [`messages`](crate::messages) and kameo's own signals (stop), looked at when its doorbell
-//! rang ([`crate::doorbell`]). Every message handler, and every signal before it goes to
+//! [`messages`](crate::messages) and kameo's own signals (stop), polled whenever the actor waits
+//! and looked at between shares of work. Every message handler, and every signal before it goes to
 //! kameo, takes the token and first serves whatever is queued, so whatever was sent before is
 //! handled first. Its lifecycle is the registry's: when it stops, for any reason, it closes
 //! the table and every waiter gets `Closed`.
 
 use std::fmt;
-use std::future::{Future, poll_fn};
-use std::pin::pin;
-use std::sync::Arc;
-use std::task::{self, Poll, Waker};
+use std::future::poll_fn;
+use std::task::Poll;
 
 use kameo::Actor;
 use kameo::actor::{ActorRef, WeakActorRef};
@@ -26,10 +24,10 @@ use kameo::error::{ActorStopReason, Infallible};
 use kameo::mailbox::{MailboxReceiver, Signal};
 use kameo::message::{Context, Message};
 use kameo::reply::DelegatedReply;
+use tokio::sync::mpsc::error::TryRecvError;
 use tracing::debug;
 
 use crate::LockKey;
-use crate::doorbell::Doorbell;
 use crate::error::{LockError, TryLockError};
 use crate::guard::KeyGuard;
 use crate::journal::Journal;
@@ -51,10 +49,6 @@ pub struct RegistryActor<K: LockKey> {
     /// Whether kameo's mailbox can still deliver. It closes when no `ActorRef` is left, while
     /// guards may still send releases.
     mailbox_open: bool,
-    /// Rung by kameo's mailbox; the mailbox is polled only while it is (see [`crate::doorbell`]).
-    doorbell: Arc<Doorbell>,
-    /// The doorbell as a waker, made once.
-    doorbell_waker: Waker,
 }
 
 /// The arguments the actor starts from, made by [`RegistryBuilder`](crate::RegistryBuilder).
@@ -66,12 +60,9 @@ pub struct RegistryConfig<K: LockKey> {
 
 impl<K: LockKey> RegistryActor<K> {
     fn new(config: RegistryConfig<K>) -> Self {
-        let doorbell = Doorbell::new();
         RegistryActor {
             requests: config.requests,
             mailbox_open: true,
-            doorbell_waker: Waker::from(Arc::clone(&doorbell)),
-            doorbell,
         }
     }
 
@@ -89,28 +80,6 @@ impl<K: LockKey> RegistryActor<K> {
         token.release(&mut effects, ACTOR_SERVE_BOUND);
         effects.carry_out();
         Some(result)
-    }
-}
-
-/// Polls kameo's mailbox if its doorbell rang: `Some` with what it gave (`None` inside when it
-/// is closed), or `None` if it was not rung or is empty.
-fn poll_mailbox_if_rung<K: LockKey>(
-    doorbell: &Doorbell,
-    doorbell_waker: &Waker,
-    mailbox_rx: &mut MailboxReceiver<RegistryActor<K>>,
-) -> Option<Option<Signal<RegistryActor<K>>>> {
-    if !doorbell.take_ring() {
-        return None;
-    }
-    let mut doorbell_cx = task::Context::from_waker(doorbell_waker);
-    match pin!(mailbox_rx.recv()).poll(&mut doorbell_cx) {
-        // Empty: the doorbell is registered with the mailbox and rings on the next signal.
-        Poll::Pending => None,
-        Poll::Ready(signal) => {
-            // More may be queued behind it, and they will not ring: keep looking.
-            doorbell.ring_again();
-            Some(signal)
-        }
     }
 }
 
@@ -143,8 +112,8 @@ impl<K: LockKey> Actor for RegistryActor<K> {
         mailbox_rx: &mut MailboxReceiver<Self>,
     ) -> Result<Option<Signal<Self>>, Infallible> {
         loop {
-            // Queued work first; the mailbox only when its doorbell rang, both while waiting
-            // and after every share of work, so a busy queue cannot starve a stop.
+            // Queued work first, then the mailbox, both while waiting and after every share of
+            // work, so a busy queue cannot starve a stop.
             let wake = poll_fn(|cx| {
                 match self.requests.poll_work(cx) {
                     Poll::Ready(Work::Serve(token)) => {
@@ -156,25 +125,22 @@ impl<K: LockKey> Actor for RegistryActor<K> {
                     Poll::Ready(Work::Stop) => return Poll::Ready(Wake::Stop),
                     Poll::Pending => {}
                 }
-                if self.mailbox_open {
-                    // Before looking at the flag, so that a ring in between wakes this task.
-                    self.doorbell.wake_on_ring(cx.waker());
-                    if let Some(signal) =
-                        poll_mailbox_if_rung(&self.doorbell, &self.doorbell_waker, mailbox_rx)
-                    {
-                        return Poll::Ready(Wake::Mailbox(signal));
-                    }
+                if self.mailbox_open
+                    && let Poll::Ready(signal) = mailbox_rx.poll_recv(cx)
+                {
+                    return Poll::Ready(Wake::Mailbox(signal));
                 }
                 Poll::Pending
             })
             .await;
             let wake = match wake {
-                Wake::Served if self.mailbox_open => {
-                    match poll_mailbox_if_rung(&self.doorbell, &self.doorbell_waker, mailbox_rx) {
-                        Some(signal) => Wake::Mailbox(signal),
-                        None => continue,
-                    }
-                }
+                // Between two shares of work, a look at the mailbox without waiting, so that a
+                // queue that never empties cannot starve a stop.
+                Wake::Served if self.mailbox_open => match mailbox_rx.try_recv() {
+                    Ok(signal) => Wake::Mailbox(Some(signal)),
+                    Err(TryRecvError::Disconnected) => Wake::Mailbox(None),
+                    Err(TryRecvError::Empty) => continue,
+                },
                 wake => wake,
             };
             match wake {

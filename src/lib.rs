@@ -68,7 +68,6 @@
 #![deny(unused_must_use)]
 
 mod actor;
-mod doorbell;
 mod error;
 mod grant;
 mod guard;
