@@ -1,12 +1,14 @@
-//! Per-key async locks for tokio, owned by one registry actor.
+//! Per-key async locks for tokio, with one owner of all the bookkeeping.
 //!
 //! Services that must serialize work per key (a user, an account, a job) need a lock per key
 //! without a lock map that grows for ever, and without the race where an entry is removed
 //! while a task still uses it, so that two tasks hold "the same" key. `keyed-locks` keeps the
-//! whole map (holder, FIFO waiter queue and reference count per key) inside one
-//! [kameo](https://docs.rs/kameo) actor, which does all bookkeeping serially. An entry exists
-//! exactly while someone holds or waits for its key, whatever happens to the waiters:
-//! timeouts, `select!`, aborted tasks and panics included.
+//! whole map (holder, FIFO waiter queue and reference count per key) with one owner that
+//! changes it one step at a time, in one total order, as a [kameo](https://docs.rs/kameo)
+//! actor would. Ownership is a role: a call that finds the owner idle runs the step itself,
+//! with no task switch; a call that finds it busy queues, and is served in arrival order. An
+//! entry exists exactly while someone holds or waits for its key, whatever happens to the
+//! waiters: timeouts, `select!`, aborted tasks and panics included.
 //!
 //! ```
 //! use keyed_locks::LockRegistry;
@@ -42,9 +44,11 @@
 //! # How it is built
 //!
 //! [`table::LockTable`] is the pure state machine: no tokio, no clock, replayable step by
-//! step. [`RegistryActor`] owns one table and turns requests into table calls; a registry
-//! has one, or one per shard ([`RegistryBuilder::shards`]), each owning the keys that hash to
-//! it.
+//! step. Each shard of a registry (one by default, see [`RegistryBuilder::shards`]) owns one
+//! table behind a run token: whoever holds the token runs the one step that turns a request
+//! into table calls, be it a caller that found the shard idle or the shard's
+//! [`RegistryActor`], which serves requests handed to it and kameo's messages
+//! ([`Execution`] says who runs what).
 //! [`LockRegistry`] and [`KeyGuard`] are the thin public handles. With a journal on
 //! ([`RegistryBuilder::journal`]), everything the table did can be saved as text
 //! ([`trace`]), replayed exactly ([`replay`]) and drawn (the `timeline` example).
