@@ -1,5 +1,5 @@
 //! Throughput with the contenders taking turns, round after round: the comparison the README
-//! leads with (issue 4).
+//! leads with.
 //!
 //! `peers.rs` (criterion) measures one contender after the other, a few seconds each. On the
 //! shared 2-core machines this was measured on, the whole machine's speed shifts by up to 2×

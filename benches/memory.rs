@@ -1,4 +1,4 @@
-//! Memory and leftovers against the peers (issue 4): `waiters`, `held` and two cancel storms,
+//! Memory and leftovers against the peers: `waiters`, `held` and two cancel storms,
 //! measured with a counting global allocator. Every measurement starts once the heap has
 //! stopped changing, after the previous contender's memory was freed.
 //!
@@ -14,8 +14,9 @@
 //!   vector allocated before the count starts; their inline size is reported apart.
 //! - `timeout storm`: 10,000 keys are held; one `lock` per key under `tokio::time::timeout`
 //!   expires while waiting; then the holders release. Entries left behind.
-//! - `abort storm`: the sequence that makes the mutex maps leak (FINDINGS.md): 10,000 keys are
-//!   held, one task per key queues for it, then for each key the holder releases and the
+//! - `abort storm`: the sequence that makes the mutex maps leak (see
+//!   `tests/waiter_cancelled_after_release.rs`): 10,000 keys are held, one task per key
+//!   queues for it, then for each key the holder releases and the
 //!   waiting task is aborted before it runs again. Run on a current-thread runtime so that
 //!   "before it runs again" holds for every key.
 //!

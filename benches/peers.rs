@@ -1,4 +1,4 @@
-//! Throughput against the peers (issue 4): `distinct`, `spread` and `hot`, for keyed-locks,
+//! Throughput against the peers: `distinct`, `spread` and `hot`, for keyed-locks,
 //! lockable, keyed-lock, key-mutex, the seed's pattern and a bare `tokio::sync::Mutex` per key
 //! (the floor), all on one tokio multi-thread runtime with 2 workers.
 //!

@@ -157,6 +157,16 @@ async fn timeout_storm_across_threads_leaves_nothing_in_any_shard() {
     timeout_storm_across_threads(sharded(3)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_storm_across_threads_leaves_nothing_in_either_execution_mode() {
+    timeout_storm_across_threads(in_mode(Execution::RunOnCaller)).await;
+    timeout_storm_across_threads(in_mode(Execution::ActorTask)).await;
+}
+
+fn in_mode(execution: Execution) -> LockRegistry<u64> {
+    LockRegistry::builder().execution(execution).spawn()
+}
+
 fn sharded(shards: usize) -> LockRegistry<u64> {
     LockRegistry::builder()
         .shards(NonZeroUsize::new(shards).unwrap())
@@ -209,6 +219,12 @@ async fn aborted_tasks_at_any_point_leave_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aborted_tasks_at_any_point_leave_nothing_in_any_shard() {
     aborted_tasks_at_any_point(sharded(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_tasks_at_any_point_leave_nothing_in_either_execution_mode() {
+    aborted_tasks_at_any_point(in_mode(Execution::RunOnCaller)).await;
+    aborted_tasks_at_any_point(in_mode(Execution::ActorTask)).await;
 }
 
 async fn aborted_tasks_at_any_point(registry: LockRegistry<u64>) {

@@ -1,4 +1,4 @@
-//! The throughput workloads of issue 4, shared by `peers.rs` (criterion, one contender after
+//! The throughput workloads, shared by `peers.rs` (criterion, one contender after
 //! the other) and `interleaved.rs` (every contender in turn, round after round).
 
 use std::sync::Arc;
@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::contenders::Contender;
 
-/// The throughput workloads of issue 4, with their shapes.
+/// The throughput workloads, with their shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workload {
     /// One task, sequential lock/unlock pairs, each on a new key.
