@@ -62,10 +62,9 @@
 //!   struct needs no registry at all.
 //! - **Across processes or machines**: this registry lives in one process. Use a database or
 //!   a lease service (and check the fencing token at the resource).
-//! - **Throughput above all**: every lock is a round trip to an actor. On the repository's
-//!   benchmarks the best mutex-map crate does 1.2× (many tasks over many keys) to 5× (one
-//!   task on free keys) more lock/unlock pairs per second. The README has the figures and
-//!   the commands that measure them.
+//! - **Throughput above all**: on the repository's 2-core benchmarks the best mutex-map
+//!   crate does 1.3× (one key, many tasks) to 1.6× (many keys, many tasks) more lock/unlock
+//!   pairs per second. The README has the figures and the commands that measure them.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]

@@ -1,18 +1,18 @@
 //! The messages of the registry actor, for use through [`LockRegistry::actor_ref`].
 //!
-//! Most code should call the methods of [`LockRegistry`] instead: they are faster (they use the
-//! registry's own request channel rather than kameo's mailbox) and give what a raw `ask`
-//! cannot, such as prompt cleanup when a waiting `lock` is dropped. The messages are for code
-//! that composes actors with kameo directly.
+//! Most code should call the methods of [`LockRegistry`] instead: they are faster (an idle
+//! registry runs them on the caller, where a message always waits for the actor task) and give
+//! what a raw `ask` cannot, such as prompt cleanup when a waiting `lock` is dropped. The
+//! messages are for code that composes actors with kameo directly.
 //!
 //! # Ordering with the handle's calls
 //!
-//! Messages travel on kameo's mailbox, the handle's calls and the guards' releases on the
-//! request channel; each is FIFO. When the registry takes a message from its mailbox, it first
-//! handles every request already sent on the request channel, so whatever happened before the
-//! message, such as a dropped guard, is visible to it. A request sent *after* a message may
-//! still be handled before it: between the two kinds, "arrival" (and so FIFO among waiters)
-//! is the moment the registry takes each one.
+//! Messages travel on kameo's mailbox; the handle's calls and the guards' releases run on
+//! their caller or wait in the registry's own queue. Each is FIFO. When the actor handles a
+//! message, it first serves every call queued before, so whatever happened before the
+//! message, such as a dropped guard, is visible to it. A call made *after* a message was sent
+//! may still be handled before it: between the two kinds, "arrival" (and so FIFO among
+//! waiters) is the moment the registry's owner takes each one.
 //!
 //! # Sharded registries
 //!

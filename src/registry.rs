@@ -750,8 +750,8 @@ impl<K: LockKey> RegistryBuilder<K> {
 
     /// Spawns the registry actor (one per shard) on the current tokio runtime.
     ///
-    /// The actor's request channel and mailbox are unbounded, so that a guard's drop never
-    /// waits and never loses its release. It runs without supervision and is never restarted
+    /// The registry's request queue and the actor's mailbox are unbounded, so that a guard's
+    /// drop never waits and never loses its release. It runs without supervision and is never restarted
     /// (see [`RegistryActor`]).
     ///
     /// # Panics
