@@ -574,6 +574,29 @@ mod tests {
         }
     }
 
+    /// An actor task's first turn: serves what it is handed, if anything, then ends.
+    fn serving_actor(
+        receiver: &Receiver<Log, u32>,
+    ) -> task::Spawn<impl std::future::Future<Output = ()> + '_> {
+        task::spawn(poll_fn(|cx| {
+            receiver.poll_work(cx).map(|work| match work {
+                Work::Serve(token) => token.release(&mut (), ACTOR_SERVE_BOUND),
+                Work::Stop => panic!("nothing stops the owner here"),
+            })
+        }))
+    }
+
+    /// An actor task that only reports whether it was told to stop.
+    fn stop_watcher(
+        receiver: &Receiver<Log, u32>,
+    ) -> task::Spawn<impl std::future::Future<Output = bool> + '_> {
+        task::spawn(poll_fn(|cx| {
+            receiver
+                .poll_work(cx)
+                .map(|work| matches!(work, Work::Stop))
+        }))
+    }
+
     /// What the owner served so far; takes the token, so the owner must be idle.
     fn served(receiver: &Receiver<Log, u32>) -> Vec<u32> {
         let mut poll = task::spawn(poll_fn(|cx| {
@@ -587,7 +610,7 @@ mod tests {
     #[test]
     fn an_idle_owner_runs_on_the_caller_without_waking_the_actor() {
         let (sender, receiver) = log(Mode::RunOnCaller);
-        let mut actor = task::spawn(poll_fn(|cx| receiver.poll_work(cx).map(|_| ())));
+        let mut actor = serving_actor(&receiver);
         assert_pending!(actor.poll());
         call(&sender, 1, CALLER_SERVE_BOUND);
         call(&sender, 2, CALLER_SERVE_BOUND);
@@ -599,7 +622,7 @@ mod tests {
     #[test]
     fn requests_queued_while_a_caller_runs_are_served_by_it_in_arrival_order() {
         let (sender, receiver) = log(Mode::RunOnCaller);
-        let mut actor = task::spawn(poll_fn(|cx| receiver.poll_work(cx).map(|_| ())));
+        let mut actor = serving_actor(&receiver);
         assert_pending!(actor.poll());
         let mut token = held(&sender);
         call(&sender, 2, CALLER_SERVE_BOUND);
@@ -614,12 +637,7 @@ mod tests {
     #[test]
     fn past_the_bound_the_holder_hands_the_rest_to_the_actor_and_wakes_it() {
         let (sender, receiver) = log(Mode::RunOnCaller);
-        let mut actor = task::spawn(poll_fn(|cx| {
-            receiver.poll_work(cx).map(|work| match work {
-                Work::Serve(token) => token.release(&mut (), ACTOR_SERVE_BOUND),
-                Work::Stop => panic!("nothing stops the owner here"),
-            })
-        }));
+        let mut actor = serving_actor(&receiver);
         assert_pending!(actor.poll());
         let token = held(&sender);
         for request in 0..5 {
@@ -637,12 +655,7 @@ mod tests {
     #[test]
     fn a_push_that_finds_the_token_idle_wakes_the_actor_once() {
         let (sender, receiver) = log(Mode::ActorOnly);
-        let mut actor = task::spawn(poll_fn(|cx| {
-            receiver.poll_work(cx).map(|work| match work {
-                Work::Serve(token) => token.release(&mut (), ACTOR_SERVE_BOUND),
-                Work::Stop => panic!("nothing stops the owner here"),
-            })
-        }));
+        let mut actor = serving_actor(&receiver);
         assert_pending!(actor.poll());
         call(&sender, 1, CALLER_SERVE_BOUND);
         assert!(actor.is_woken());
@@ -670,11 +683,7 @@ mod tests {
     #[test]
     fn the_actor_stops_once_every_sender_is_gone_and_nothing_is_queued() {
         let (sender, receiver) = log(Mode::RunOnCaller);
-        let mut actor = task::spawn(poll_fn(|cx| {
-            receiver
-                .poll_work(cx)
-                .map(|work| matches!(work, Work::Stop))
-        }));
+        let mut actor = stop_watcher(&receiver);
         assert_pending!(actor.poll());
         let second = sender.clone();
         drop(sender);
@@ -687,11 +696,7 @@ mod tests {
     #[test]
     fn a_step_that_panics_closes_the_owner_and_wakes_the_actor() {
         let (sender, receiver) = log(Mode::RunOnCaller);
-        let mut actor = task::spawn(poll_fn(|cx| {
-            receiver
-                .poll_work(cx)
-                .map(|work| matches!(work, Work::Stop))
-        }));
+        let mut actor = stop_watcher(&receiver);
         assert_pending!(actor.poll());
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             call(&sender, PANICS, CALLER_SERVE_BOUND)
