@@ -28,7 +28,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tracing::debug;
 
 use crate::LockKey;
-use crate::error::{LockError, TryLockError};
+use crate::error::{AcquireError, LockError, TryAcquireError};
 use crate::guard::KeyGuard;
 use crate::journal::Journal;
 use crate::messages::{Acquire, GetJournal, GetStats, TryAcquire};
@@ -176,7 +176,7 @@ impl<K: LockKey> Actor for RegistryActor<K> {
 }
 
 impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
-    type Reply = DelegatedReply<Result<KeyGuard<K>, LockError>>;
+    type Reply = DelegatedReply<Result<KeyGuard<K>, AcquireError>>;
 
     async fn handle(
         &mut self,
@@ -199,15 +199,18 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
                     debug!(?key, "acquire sent to the wrong shard: refused");
                     return Some(reply);
                 }
+                // The table's deliveries fail only with `Closed`.
                 let delivery =
-                    Delivery::Message(Box::new(Box::new(move |result| reply.send(result))));
+                    Delivery::Message(Box::new(Box::new(move |result: Result<_, _>| {
+                        reply.send(result.map_err(|LockError::Closed| AcquireError::Closed))
+                    })));
                 let _done = owner.step(Request::Acquire { key, delivery }, effects);
                 None
             })
             .await;
         // `None` (closed) cannot happen while kameo still delivers messages.
         if let Some(Some(reply)) = refused {
-            reply.send(Err(LockError::WrongShard));
+            reply.send(Err(AcquireError::WrongShard));
         }
         delegated
     }
@@ -216,7 +219,7 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
 impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
     // Delegated rather than a plain `Result`: kameo stops an actor whose handler returns `Err`
     // to a `tell`, and a busy key must not stop the registry.
-    type Reply = DelegatedReply<Result<KeyGuard<K>, TryLockError>>;
+    type Reply = DelegatedReply<Result<KeyGuard<K>, TryAcquireError>>;
 
     async fn handle(
         &mut self,
@@ -227,18 +230,18 @@ impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
             .with_owner(|owner, effects| {
                 if !owner.owns(&key) {
                     debug!(?key, "try acquire sent to the wrong shard: refused");
-                    return Err(TryLockError::WrongShard);
+                    return Err(TryAcquireError::WrongShard);
                 }
                 match owner.step(Request::TryAcquire { key, grant: None }, effects) {
                     // The only error: no handle or guard is left, the registry is about to stop.
                     Outcome::Granted(granted) => owner
                         .guard_for_message(granted.waiter_id, granted.fencing_token)
-                        .map_err(|_closed| TryLockError::Closed),
-                    _ => Err(TryLockError::WouldBlock),
+                        .map_err(|_closed| TryAcquireError::Closed),
+                    _ => Err(TryAcquireError::WouldBlock),
                 }
             })
             .await
-            .unwrap_or(Err(TryLockError::Closed));
+            .unwrap_or(Err(TryAcquireError::Closed));
         // With `tell` there is no reply sender: the guard is dropped here and releases.
         ctx.reply(reply)
     }

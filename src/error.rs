@@ -1,33 +1,21 @@
-//! The errors of the public API.
+//! The errors of the public API, one type per kind of call, each with only the variants that
+//! call can return.
 
 use std::fmt;
 
-/// Why a call of [`LockRegistry`](crate::LockRegistry), or an `ask` of one of its
-/// [`messages`](crate::messages), failed.
+/// Why [`lock`](crate::LockRegistry::lock), [`stats`](crate::LockRegistry::stats) or
+/// [`journals`](crate::LockRegistry::journals) failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LockError {
     /// The registry has shut down (or its actor stopped): it grants nothing any more.
     Closed,
-    /// A kameo [`Acquire`](crate::messages::Acquire) was sent to a shard that does not own
-    /// its key; send it to [`LockRegistry::actor_ref_for`](crate::LockRegistry::actor_ref_for).
-    WrongShard,
-    /// [`LockRegistry::journal`](crate::LockRegistry::journal) was called on a registry with
-    /// several shards, each with a journal of its own; read them with
-    /// [`journals`](crate::LockRegistry::journals).
-    Sharded,
 }
 
 impl fmt::Display for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LockError::Closed => f.write_str("the lock registry is closed"),
-            LockError::WrongShard => {
-                f.write_str("the key belongs to another shard of the lock registry")
-            }
-            LockError::Sharded => {
-                f.write_str("the lock registry has several shards, each with its own journal")
-            }
         }
     }
 }
@@ -36,14 +24,12 @@ impl std::error::Error for LockError {}
 
 /// Why [`try_lock`](crate::LockRegistry::try_lock) did not take the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum TryLockError {
     /// The key is held (or has waiters, who come first).
     WouldBlock,
     /// The registry has shut down (or its actor stopped).
     Closed,
-    /// A kameo [`TryAcquire`](crate::messages::TryAcquire) was sent to a shard that does not
-    /// own its key; send it to [`LockRegistry::actor_ref_for`](crate::LockRegistry::actor_ref_for).
-    WrongShard,
 }
 
 impl fmt::Display for TryLockError {
@@ -51,11 +37,83 @@ impl fmt::Display for TryLockError {
         match self {
             TryLockError::WouldBlock => f.write_str("the key is held"),
             TryLockError::Closed => f.write_str("the lock registry is closed"),
-            TryLockError::WrongShard => {
+        }
+    }
+}
+
+impl std::error::Error for TryLockError {}
+
+/// Why [`journal`](crate::LockRegistry::journal) gave no journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum JournalError {
+    /// The registry has stopped and kept no journal.
+    Closed,
+    /// The registry has several shards, each with a journal of its own: read them with
+    /// [`journals`](crate::LockRegistry::journals).
+    Sharded,
+}
+
+impl fmt::Display for JournalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JournalError::Closed => f.write_str("the lock registry is closed"),
+            JournalError::Sharded => {
+                f.write_str("the lock registry has several shards, each with its own journal")
+            }
+        }
+    }
+}
+
+impl std::error::Error for JournalError {}
+
+/// Why an `ask` of [`messages::Acquire`](crate::messages::Acquire) gave no guard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AcquireError {
+    /// The registry has shut down (or its actor stopped).
+    Closed,
+    /// The message was sent to a shard that does not own its key; send it to
+    /// [`LockRegistry::actor_ref_for`](crate::LockRegistry::actor_ref_for).
+    WrongShard,
+}
+
+impl fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AcquireError::Closed => f.write_str("the lock registry is closed"),
+            AcquireError::WrongShard => {
                 f.write_str("the key belongs to another shard of the lock registry")
             }
         }
     }
 }
 
-impl std::error::Error for TryLockError {}
+impl std::error::Error for AcquireError {}
+
+/// Why an `ask` of [`messages::TryAcquire`](crate::messages::TryAcquire) gave no guard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TryAcquireError {
+    /// The key is held (or has waiters, who come first).
+    WouldBlock,
+    /// The registry has shut down (or its actor stopped).
+    Closed,
+    /// The message was sent to a shard that does not own its key; send it to
+    /// [`LockRegistry::actor_ref_for`](crate::LockRegistry::actor_ref_for).
+    WrongShard,
+}
+
+impl fmt::Display for TryAcquireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TryAcquireError::WouldBlock => f.write_str("the key is held"),
+            TryAcquireError::Closed => f.write_str("the lock registry is closed"),
+            TryAcquireError::WrongShard => {
+                f.write_str("the key belongs to another shard of the lock registry")
+            }
+        }
+    }
+}
+
+impl std::error::Error for TryAcquireError {}

@@ -89,8 +89,13 @@ pub mod trace;
 use std::fmt::Debug;
 use std::hash::Hash;
 
+/// Every code block of README.md, compiled and run by `cargo test` as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub use actor::RegistryActor;
-pub use error::{LockError, TryLockError};
+pub use error::{AcquireError, JournalError, LockError, TryAcquireError, TryLockError};
 pub use guard::KeyGuard;
 pub use registry::{Execution, LockRegistry, RegistryBuilder};
 pub use stats::RegistryStats;

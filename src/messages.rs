@@ -27,7 +27,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let registry = LockRegistry::<u64>::spawn();
-//! let guard = registry.actor_ref().ask(Acquire { key: 42 }).await?;
+//! let guard = registry.actor_ref_for(&42).ask(Acquire { key: 42 }).await?;
 //! assert_eq!(*guard.key(), 42);
 //! # Ok(())
 //! # }

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 use crate::LockKey;
 use crate::actor::{RegistryActor, RegistryConfig};
-use crate::error::{LockError, TryLockError};
+use crate::error::{JournalError, LockError, TryLockError};
 use crate::grant::{self, GrantReceiver, Granted, NotGranted, Undo};
 use crate::guard::KeyGuard;
 use crate::journal::Journal;
@@ -84,6 +84,7 @@ impl<K: LockKey> LockRegistry<K> {
     /// let registry = keyed_locks::LockRegistry::<String>::spawn();
     /// # }
     /// ```
+    #[must_use = "a registry stops once every handle and guard is gone"]
     pub fn spawn() -> Self {
         Self::builder().spawn()
     }
@@ -98,6 +99,7 @@ impl<K: LockKey> LockRegistry<K> {
     /// let registry = keyed_locks::LockRegistry::<u64>::builder().spawn();
     /// # }
     /// ```
+    #[must_use = "a builder does nothing until `spawn`"]
     pub fn builder() -> RegistryBuilder<K> {
         RegistryBuilder {
             journal_capacity: None,
@@ -259,8 +261,8 @@ impl<K: LockKey> LockRegistry<K> {
     ///
     /// # Errors
     ///
-    /// [`LockError::Closed`] if the registry has stopped and kept no journal;
-    /// [`LockError::Sharded`] if it has several shards (read them with
+    /// [`JournalError::Closed`] if the registry has stopped and kept no journal;
+    /// [`JournalError::Sharded`] if it has several shards (read them with
     /// [`journals`](Self::journals)).
     ///
     /// # Examples
@@ -269,7 +271,7 @@ impl<K: LockKey> LockRegistry<K> {
     /// use keyed_locks::journal::JournalEvent;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), keyed_locks::LockError> {
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let registry = keyed_locks::LockRegistry::builder().journal(1_000).spawn();
     /// drop(registry.lock("k").await?);
     /// let journal = registry.journal().await?;
@@ -278,10 +280,13 @@ impl<K: LockKey> LockRegistry<K> {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn journal(&self) -> Result<Journal<K>, LockError> {
+    pub async fn journal(&self) -> Result<Journal<K>, JournalError> {
         match &*self.shards {
-            [shard] => shard.journal().await,
-            _ => Err(LockError::Sharded),
+            [shard] => shard
+                .journal()
+                .await
+                .map_err(|LockError::Closed| JournalError::Closed),
+            _ => Err(JournalError::Sharded),
         }
     }
 
@@ -399,15 +404,16 @@ impl<K: LockKey> LockRegistry<K> {
         self.shards.len()
     }
 
-    /// The registry actor, for sending it [`messages`](crate::messages) with kameo directly.
-    /// With several shards this is the first shard's actor: send
-    /// [`Acquire`](crate::messages::Acquire) and [`TryAcquire`](crate::messages::TryAcquire) to
-    /// [`actor_ref_for`](Self::actor_ref_for) instead (another shard answers them with
-    /// [`LockError::WrongShard`]), and ask every shard for stats.
+    /// The registry actor, for sending it [`messages`](crate::messages) with kameo directly;
+    /// `None` if the registry has several shards, whose actors each own only some keys: send
+    /// [`Acquire`](crate::messages::Acquire) and [`TryAcquire`](crate::messages::TryAcquire)
+    /// to [`actor_ref_for`](Self::actor_ref_for) the key, and other messages to each of
+    /// [`actor_refs`](Self::actor_refs).
     ///
-    /// A clone of this `ActorRef` does not keep the registry running on its own: the registry
-    /// stops once every [`LockRegistry`] handle and every guard is gone, and messages sent after
-    /// that fail with kameo's `ActorNotRunning`. Keep a handle for as long as you send messages.
+    /// kameo's `ActorRef` is part of this crate's API: the registry is built on kameo 0.22.
+    /// A clone of it does not keep the registry running on its own: the registry stops once
+    /// every [`LockRegistry`] handle and every guard is gone, and messages sent after that fail
+    /// with kameo's `ActorNotRunning`. Keep a handle for as long as you send messages.
     ///
     /// # Examples
     ///
@@ -417,18 +423,46 @@ impl<K: LockKey> LockRegistry<K> {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let registry = keyed_locks::LockRegistry::<u64>::spawn();
-    /// let stats = registry.actor_ref().ask(GetStats).await?;
-    /// assert_eq!(stats.keys, 0);
+    /// let actor = registry.actor_ref().expect("one shard");
+    /// assert_eq!(actor.ask(GetStats).await?.keys, 0);
     /// # Ok(())
     /// # }
     /// ```
-    pub fn actor_ref(&self) -> &ActorRef<RegistryActor<K>> {
-        &self.shards[0].actor_ref
+    pub fn actor_ref(&self) -> Option<&ActorRef<RegistryActor<K>>> {
+        match &*self.shards {
+            [shard] => Some(&shard.actor_ref),
+            _ => None,
+        }
+    }
+
+    /// The actor of every shard, in shard order (one for a registry with one shard).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::num::NonZeroUsize;
+    /// use keyed_locks::messages::GetStats;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::LockRegistry::<u64>::builder()
+    ///     .shards(NonZeroUsize::new(3).unwrap())
+    ///     .spawn();
+    /// let mut keys = 0;
+    /// for actor in registry.actor_refs() {
+    ///     keys += actor.ask(GetStats).await?.keys;
+    /// }
+    /// assert_eq!(keys, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn actor_refs(&self) -> impl ExactSizeIterator<Item = &ActorRef<RegistryActor<K>>> {
+        self.shards.iter().map(|shard| &shard.actor_ref)
     }
 
     /// The actor that owns `key`: the one to send it [`Acquire`](crate::messages::Acquire) and
-    /// [`TryAcquire`](crate::messages::TryAcquire) for that key. The same as
-    /// [`actor_ref`](Self::actor_ref) unless the registry has several shards.
+    /// [`TryAcquire`](crate::messages::TryAcquire) for that key (another shard answers them
+    /// with `WrongShard`). The same as [`actor_ref`](Self::actor_ref) with one shard.
     ///
     /// # Examples
     ///
@@ -678,7 +712,7 @@ impl<K: LockKey> RegistryBuilder<K> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), keyed_locks::LockError> {
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let registry = keyed_locks::LockRegistry::builder().journal(2).spawn();
     /// drop(registry.lock(1u8).await?);
     /// let journal = registry.journal().await?;
@@ -686,6 +720,7 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// # Ok(())
     /// # }
     /// ```
+    #[must_use = "a builder does nothing until `spawn`"]
     pub fn journal(mut self, capacity: usize) -> Self {
         self.journal_capacity = Some(capacity);
         self
@@ -720,6 +755,7 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// # Ok(())
     /// # }
     /// ```
+    #[must_use = "a builder does nothing until `spawn`"]
     pub fn shards(mut self, count: NonZeroUsize) -> Self {
         self.shards = count;
         self
@@ -743,6 +779,7 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// # Ok(())
     /// # }
     /// ```
+    #[must_use = "a builder does nothing until `spawn`"]
     pub fn execution(mut self, execution: Execution) -> Self {
         self.execution = execution;
         self
@@ -766,6 +803,7 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// let registry = keyed_locks::LockRegistry::<String>::builder().spawn();
     /// # }
     /// ```
+    #[must_use = "a registry stops once every handle and guard is gone"]
     pub fn spawn(self) -> LockRegistry<K> {
         let router = ShardRouter::new(self.shards);
         let mode = match self.execution {

@@ -16,8 +16,12 @@ async fn a_killed_registry_closes_waiters_and_later_calls() {
     assert_pending!(waiter.poll());
     registry.stats().await.unwrap();
 
-    registry.actor_ref().kill();
-    registry.actor_ref().wait_for_shutdown().await;
+    registry.actor_ref().expect("one shard").kill();
+    registry
+        .actor_ref()
+        .expect("one shard")
+        .wait_for_shutdown()
+        .await;
     assert_eq!(assert_ready!(waiter.poll()).unwrap_err(), LockError::Closed);
     assert_eq!(registry.lock(2).await.unwrap_err(), LockError::Closed);
     drop(guard);
@@ -47,7 +51,11 @@ async fn lock_the_unlucky_key(
         let registry = registry.clone();
         tokio::spawn(async move { registry.lock(Fragile(13)).await.map(drop) }).await
     };
-    registry.actor_ref().wait_for_shutdown().await;
+    registry
+        .actor_ref()
+        .expect("one shard")
+        .wait_for_shutdown()
+        .await;
     assert_eq!(assert_ready!(waiter.poll()).unwrap_err(), LockError::Closed);
     // Not restarted: a fresh table would hand out Fragile(1) while `guard` holds it.
     assert_eq!(

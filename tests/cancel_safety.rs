@@ -80,11 +80,16 @@ async fn a_dropped_try_lock_with_its_guard_in_flight_releases() {
 async fn a_dropped_ask_acquire_passes_the_key_on_when_its_turn_comes() {
     let registry = LockRegistry::spawn();
     let holder = registry.lock(9).await.unwrap();
-    let actor = registry.actor_ref().clone();
+    let actor = registry.actor_ref().expect("one shard").clone();
     let mut asking = task::spawn(async move { actor.ask(Acquire { key: 9 }).await });
     assert_pending!(asking.poll());
     // Through the mailbox, so that the `Acquire` before it has been handled.
-    registry.actor_ref().ask(GetStats).await.unwrap();
+    registry
+        .actor_ref()
+        .expect("one shard")
+        .ask(GetStats)
+        .await
+        .unwrap();
     drop(asking);
 
     let mut next = task::spawn(registry.lock(9));

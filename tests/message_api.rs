@@ -15,7 +15,7 @@ use tokio_test::{assert_pending, task};
 #[tokio::test]
 async fn ask_acquire_yields_the_guard_once_granted() {
     let registry = LockRegistry::spawn();
-    let actor = registry.actor_ref().clone();
+    let actor = registry.actor_ref().expect("one shard").clone();
     let guard = actor.ask(Acquire { key: "k" }).await.unwrap();
     assert_eq!((*guard.key(), guard.fencing_token()), ("k", 1));
 
@@ -35,7 +35,7 @@ async fn ask_acquire_yields_the_guard_once_granted() {
 #[tokio::test]
 async fn tell_acquire_and_tell_try_acquire_leave_nothing_and_keep_the_registry_up() {
     let registry = LockRegistry::spawn();
-    let actor = registry.actor_ref();
+    let actor = registry.actor_ref().expect("one shard");
     actor.tell(Acquire { key: 1 }).await.unwrap();
     actor.tell(TryAcquire { key: 2 }).await.unwrap();
     let held = registry.lock(3).await.unwrap();
@@ -52,9 +52,21 @@ async fn a_release_before_a_message_is_visible_to_it() {
     for key in 0..100 {
         let guard = registry.lock(key).await.unwrap();
         drop(guard);
-        let stats = registry.actor_ref().ask(GetStats).await.unwrap();
+        let stats = registry
+            .actor_ref()
+            .expect("one shard")
+            .ask(GetStats)
+            .await
+            .unwrap();
         assert_eq!(stats.keys, 0);
-        drop(registry.actor_ref().ask(TryAcquire { key }).await.unwrap());
+        drop(
+            registry
+                .actor_ref()
+                .expect("one shard")
+                .ask(TryAcquire { key })
+                .await
+                .unwrap(),
+        );
     }
 }
 
@@ -64,13 +76,14 @@ async fn ask_try_acquire_reports_would_block_as_a_handler_error() {
     let _held = registry.lock(5).await.unwrap();
     let error = registry
         .actor_ref()
+        .expect("one shard")
         .ask(TryAcquire { key: 5 })
         .await
         .unwrap_err();
     assert!(
         matches!(
             error,
-            kameo::error::SendError::HandlerError(keyed_locks::TryLockError::WouldBlock)
+            kameo::error::SendError::HandlerError(keyed_locks::TryAcquireError::WouldBlock)
         ),
         "{error:?}"
     );
@@ -81,7 +94,7 @@ async fn messages_sent_back_to_back_are_all_handled() {
     // The actor looks at its mailbox only after the mailbox rang; several messages queued
     // behind one ring must still all be taken.
     let registry = LockRegistry::spawn();
-    let actor = registry.actor_ref();
+    let actor = registry.actor_ref().expect("one shard");
     for round in 0..20 {
         actor.tell(TryAcquire { key: round }).await.unwrap();
         actor.tell(TryAcquire { key: round + 100 }).await.unwrap();
@@ -112,7 +125,12 @@ async fn a_busy_registry_still_answers_messages_and_stops() {
     // One generous bound for all of them, so that a starved mailbox fails in seconds.
     tokio::time::timeout(Duration::from_secs(20), async {
         for _ in 0..200 {
-            registry.actor_ref().ask(GetStats).await.unwrap();
+            registry
+                .actor_ref()
+                .expect("one shard")
+                .ask(GetStats)
+                .await
+                .unwrap();
         }
     })
     .await

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keyed_locks::messages::{Acquire, TryAcquire};
-use keyed_locks::{LockError, LockRegistry, TryLockError};
+use keyed_locks::{
+    AcquireError, JournalError, LockError, LockRegistry, TryAcquireError, TryLockError,
+};
 use tokio_test::{assert_pending, task};
 
 fn sharded<K: keyed_locks::LockKey>(shards: usize) -> LockRegistry<K> {
@@ -20,7 +22,7 @@ fn sharded<K: keyed_locks::LockKey>(shards: usize) -> LockRegistry<K> {
 
 /// A key that shard 0 does not own.
 fn key_outside_the_first_shard(registry: &LockRegistry<u64>) -> u64 {
-    let first = registry.actor_ref().id();
+    let first = registry.actor_refs().next().unwrap().id();
     (0..)
         .find(|key| registry.actor_ref_for(key).id() != first)
         .unwrap()
@@ -157,7 +159,7 @@ async fn each_shard_keeps_a_journal_that_replays_on_its_own() {
     drop(first);
     drop(second.await.unwrap());
 
-    assert_eq!(registry.journal().await.unwrap_err(), LockError::Sharded);
+    assert_eq!(registry.journal().await.unwrap_err(), JournalError::Sharded);
     let journals = registry.journals().await.unwrap();
     assert_eq!(journals.len(), 2);
     let mut events = 0;
@@ -193,23 +195,20 @@ async fn a_message_sent_to_the_wrong_shard_is_refused_and_changes_nothing() {
     let key = key_outside_the_first_shard(&registry);
     let held = registry.lock(key).await.unwrap();
 
-    let acquire = registry.actor_ref().ask(Acquire { key }).await.unwrap_err();
+    let first_shard = registry.actor_refs().next().unwrap();
+    let acquire = first_shard.ask(Acquire { key }).await.unwrap_err();
     assert!(
         matches!(
             acquire,
-            kameo::error::SendError::HandlerError(LockError::WrongShard)
+            kameo::error::SendError::HandlerError(AcquireError::WrongShard)
         ),
         "{acquire:?}"
     );
-    let try_acquire = registry
-        .actor_ref()
-        .ask(TryAcquire { key })
-        .await
-        .unwrap_err();
+    let try_acquire = first_shard.ask(TryAcquire { key }).await.unwrap_err();
     assert!(
         matches!(
             try_acquire,
-            kameo::error::SendError::HandlerError(TryLockError::WrongShard)
+            kameo::error::SendError::HandlerError(TryAcquireError::WrongShard)
         ),
         "{try_acquire:?}"
     );
@@ -242,7 +241,7 @@ async fn a_dead_shard_closes_its_keys_and_the_others_keep_working() {
     let registry = sharded::<u64>(2);
     let dead_key = key_outside_the_first_shard(&registry);
     let live_key = (0..)
-        .find(|key| registry.actor_ref_for(key).id() == registry.actor_ref().id())
+        .find(|key| registry.actor_ref_for(key).id() == registry.actor_refs().next().unwrap().id())
         .unwrap();
     let dying = registry.actor_ref_for(&dead_key).clone();
     dying.kill();
@@ -255,4 +254,20 @@ async fn a_dead_shard_closes_its_keys_and_the_others_keep_working() {
     );
     let guard = registry.lock(live_key).await.unwrap();
     assert_eq!(*guard.key(), live_key);
+}
+
+#[tokio::test]
+async fn a_sharded_registry_has_no_single_actor_ref_but_one_per_shard() {
+    let registry = sharded::<u64>(3);
+    assert!(registry.actor_ref().is_none());
+    let actors: Vec<_> = registry.actor_refs().map(|actor| actor.id()).collect();
+    assert_eq!(actors.len(), 3);
+    for key in 0..30 {
+        assert!(actors.contains(&registry.actor_ref_for(&key).id()));
+    }
+    let unsharded = LockRegistry::<u64>::spawn();
+    assert_eq!(
+        unsharded.actor_ref().map(|actor| actor.id()),
+        Some(unsharded.actor_ref_for(&7).id())
+    );
 }
