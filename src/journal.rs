@@ -93,6 +93,7 @@ impl<K> JournalEvent<K> {
 
 /// Why the table refused a release or a cancel (see [`WaiterError`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Refusal {
     /// No such waiter (never issued, or already gone).
     Unknown,

@@ -69,6 +69,7 @@ impl std::error::Error for ReplayError {}
 /// Sequence numbers and events are compared; times are not, since a replay copies each
 /// input's time from the recording.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Divergence<K> {
     /// The sequence number of the first differing entry (the recorded one's if both exist).
     pub seq: u64,

@@ -200,6 +200,7 @@ impl std::error::Error for WaiterError {}
 
 /// A broken invariant, found by [`LockTable::check_invariants`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct InvariantViolation {
     /// The number of the invariant in the [module docs](self).
     pub invariant: u8,
