@@ -1,0 +1,27 @@
+//! The integration tests, one module per behaviour, each stating its rule in its first line.
+//! One binary, so that the suite links tokio, kameo and proptest once.
+
+mod actor_death;
+mod bounds;
+mod cancel_safety;
+mod every_exit_releases;
+mod exhaustive_small_scope;
+mod fencing_tokens;
+mod fifo;
+mod journal;
+mod message_api;
+mod mutual_exclusion;
+mod no_leak;
+mod ordering;
+mod replay;
+mod replay_fuzz;
+mod replay_regressions;
+mod run_on_caller;
+mod seed_scenario;
+mod shards;
+mod shutdown;
+mod table_model;
+mod trace_format;
+mod tracing_events;
+mod try_lock;
+mod waiter_cancelled_after_release;
