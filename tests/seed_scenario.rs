@@ -38,18 +38,3 @@ async fn two_requests_for_one_user_run_one_after_the_other_and_leave_no_lock() {
     );
     assert_eq!(registry.stats().await.unwrap().keys, 0);
 }
-
-#[test]
-fn quickstart_prints_what_the_seed_prints() {
-    let output = std::process::Command::new(env!("CARGO"))
-        .args(["run", "--quiet", "--example", "quickstart"])
-        .output()
-        .expect("cargo runs");
-    assert!(output.status.success(), "{output:?}");
-    assert_eq!(
-        String::from_utf8_lossy(&output.stdout),
-        "Starting request for 42\nFinished request for 42\n\
-         Starting request for 42\nFinished request for 42\n\
-         Remaining locks in memory: 0\n"
-    );
-}
