@@ -70,21 +70,23 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![deny(unused_must_use)]
 
-mod actor;
+// The layers, one folder each:
+// - `pure`: the lock table and what records, writes and replays it. No tokio, no kameo, no
+//   clock; it imports nothing from the other layers.
+// - `runtime`: the owner of each shard's table at run time: the run token and its queue, the
+//   owner's step, the grant channels, the actor, the shard router.
+// - the public face, at the top: the handle, the guard, the messages, the errors.
+mod pure;
+mod runtime;
+
 mod error;
-mod grant;
 mod guard;
-pub mod journal;
 pub mod messages;
-mod owner;
 mod registry;
-pub mod replay;
-mod request;
-mod run_token;
-mod shard;
-mod stats;
-pub mod table;
-pub mod trace;
+
+use pure::stats;
+pub use pure::{journal, replay, table, trace};
+use runtime::{actor, grant, owner, request, run_token, shard};
 
 use std::fmt::Debug;
 use std::hash::Hash;

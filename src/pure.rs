@@ -1,0 +1,8 @@
+//! The pure core: the lock table, its journal, the trace format and replay. Synchronous, with
+//! no tokio, no kameo and no clock (time is passed in), and nothing from the other layers.
+
+pub mod journal;
+pub mod replay;
+pub(crate) mod stats;
+pub mod table;
+pub mod trace;
