@@ -30,7 +30,8 @@ fn registry(execution: Execution) -> LockRegistry<u64> {
     LockRegistry::builder().execution(execution).spawn()
 }
 
-/// The loop in `block_on` itself, as the instruction counts in ARCHITECTURE.md were taken.
+/// The loop in `block_on` itself, as the instruction counts in `docs/performance-log.md` were
+/// taken.
 fn on_current_thread(execution: Execution) -> Result<(), LockError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

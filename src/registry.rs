@@ -824,8 +824,8 @@ impl<K: LockKey> RegistryBuilder<K> {
                 let config = RegistryConfig { requests: receiver };
                 // Spawned by hand rather than with `spawn_with_mailbox`, which wraps the task in a
                 // task-local scope (for kameo's `is_current`, which nothing here uses) that costs
-                // every wake-up of the actor a copy in and out: 3.5% of the instructions of a
-                // lock/unlock pair (ARCHITECTURE.md, "Performance"). The lifecycle is the same.
+                // every wake-up of the actor a copy in and out (`docs/performance-log.md`). The
+                // lifecycle is the same.
                 let prepared = RegistryActor::prepare_with_mailbox(mailbox::unbounded());
                 let actor_ref = prepared.actor_ref().clone();
                 tokio::spawn(prepared.run(config));

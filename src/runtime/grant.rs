@@ -23,7 +23,7 @@
 //! per-thread stock ([`SPARE_SLOTS_PER_THREAD`]) that the next channel made on that thread
 //! takes from. A slot is allocated on one worker and often let go on the other, and with the
 //! system allocator those cross-thread frees are a large part of the channel's cost: reusing
-//! slots made `spread` measurably faster (ARCHITECTURE.md, "Performance"). A slot is reused
+//! slots made `spread` measurably faster (`docs/performance-log.md`). A slot is reused
 //! only when nobody else holds it (`Arc::get_mut`), so no state can leak from one lock call
 //! to the next. Every way a side lets go (a grant, a give-up, a drop) ends in that one `Drop`.
 
@@ -36,9 +36,7 @@ use crate::table::WaiterId;
 
 /// Spare slots kept per thread: at most 256 x 64 bytes, 16 KiB. A worker running hundreds of
 /// lock calls takes slots in bursts as their tasks run and gets them back in bursts as grants
-/// arrive; in trial runs smaller stocks (16, 64) ran out in those bursts and kept only part of
-/// the gain (scratch runs, not kept; ARCHITECTURE.md). Beyond the stock, slots are allocated
-/// and freed as before.
+/// arrive, so the stock must cover a burst. Beyond it, slots are allocated and freed.
 pub(crate) const SPARE_SLOTS_PER_THREAD: usize = 256;
 
 thread_local! {
