@@ -380,8 +380,7 @@ pub fn format_waiter(waiter: WaiterId) -> String {
 /// of live slotmap ids are odd, so an even generation is refused rather than silently changed.
 pub fn parse_waiter(text: &str) -> Option<WaiterId> {
     let (slot, generation) = text.strip_prefix('w')?.split_once('v')?;
-    let all_digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
-    if !all_digits(slot) || !all_digits(generation) {
+    if !is_decimal(slot) || !is_decimal(generation) {
         return None;
     }
     let (slot, generation): (u32, u32) = (slot.parse().ok()?, generation.parse().ok()?);
@@ -391,4 +390,10 @@ pub fn parse_waiter(text: &str) -> Option<WaiterId> {
     Some(WaiterId::from(KeyData::from_ffi(
         (u64::from(generation) << 32) | u64::from(slot),
     )))
+}
+
+/// Whether `text` is one or more ASCII digits and nothing else: the one spelling of a number
+/// in journals and traces (`str::parse` would also take a leading `+`).
+pub(crate) fn is_decimal(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit())
 }

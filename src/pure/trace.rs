@@ -167,7 +167,7 @@ macro_rules! integer_keys {
             fn decode(&self, text: &str) -> Result<$integer, IntegerKeyError> {
                 // `str::parse` also takes a leading `+`; the grammar has one spelling per key.
                 let digits = text.strip_prefix('-').unwrap_or(text);
-                if digits.is_empty() || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
+                if !crate::journal::is_decimal(digits) {
                     return Err(IntegerKeyError::NotAnInteger { found: text.to_owned() });
                 }
                 text.parse().map_err(|_| IntegerKeyError::OutOfRange {
@@ -784,7 +784,7 @@ fn found(text: &str) -> Option<String> {
 
 /// A decimal `u64` without sign: `str::parse` would also take `+7`.
 fn parse_count(text: &str) -> Option<u64> {
-    if text.is_empty() || !text.bytes().all(|byte| byte.is_ascii_digit()) {
+    if !crate::journal::is_decimal(text) {
         return None;
     }
     text.parse().ok()
