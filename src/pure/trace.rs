@@ -700,29 +700,29 @@ fn parse_event_line<K, C: KeyCodec<K>>(
         }
     };
     let event = match name {
-        "acquire" => {
+        names::ACQUIRE => {
             let (waiter, rest) = waiter(rest)?;
             JournalEvent::Acquire {
                 waiter,
                 key: key(rest)?,
             }
         }
-        "try_acquire" => JournalEvent::TryAcquire { key: key(rest)? },
-        "release" => {
+        names::TRY_ACQUIRE => JournalEvent::TryAcquire { key: key(rest)? },
+        names::RELEASE => {
             let (waiter, rest) = waiter(rest)?;
             end(rest)?;
             JournalEvent::Release { waiter }
         }
-        "cancel" => {
+        names::CANCEL => {
             let (waiter, rest) = waiter(rest)?;
             end(rest)?;
             JournalEvent::Cancel { waiter }
         }
-        "shutdown" => {
+        names::SHUTDOWN => {
             end(rest)?;
             JournalEvent::Shutdown
         }
-        "grant" => {
+        names::GRANT => {
             let (waiter, rest) = waiter(rest)?;
             let (token_text, rest) = split_token(rest);
             let fencing_token = parse_count(token_text)
@@ -733,21 +733,19 @@ fn parse_event_line<K, C: KeyCodec<K>>(
                 fencing_token,
             }
         }
-        "would_block" => JournalEvent::WouldBlock { key: key(rest)? },
-        "closed" => {
+        names::WOULD_BLOCK => JournalEvent::WouldBlock { key: key(rest)? },
+        names::CLOSED => {
             let (waiter, rest) = waiter(rest)?;
             end(rest)?;
             JournalEvent::Closed { waiter }
         }
-        "refused" => {
+        names::REFUSED => {
             let (waiter, rest) = waiter(rest)?;
             let (reason_text, rest) = split_token(rest);
-            let reason = match reason_text {
-                "unknown" => Refusal::Unknown,
-                "not_holding" => Refusal::NotHolding,
-                "not_waiting" => Refusal::NotWaiting,
-                _ => return Err(expected(Expected::Refusal, reason_text)),
-            };
+            let reason = REFUSALS
+                .into_iter()
+                .find(|reason| refusal_name(*reason) == reason_text)
+                .ok_or_else(|| expected(Expected::Refusal, reason_text))?;
             end(rest)?;
             JournalEvent::Refused { waiter, reason }
         }
@@ -819,6 +817,31 @@ impl fmt::Display for TraceTime {
     }
 }
 
+/// The grammar's event names, each written once, for the writer and the parser.
+mod names {
+    pub(super) const ACQUIRE: &str = "acquire";
+    pub(super) const TRY_ACQUIRE: &str = "try_acquire";
+    pub(super) const RELEASE: &str = "release";
+    pub(super) const CANCEL: &str = "cancel";
+    pub(super) const SHUTDOWN: &str = "shutdown";
+    pub(super) const GRANT: &str = "grant";
+    pub(super) const WOULD_BLOCK: &str = "would_block";
+    pub(super) const CLOSED: &str = "closed";
+    pub(super) const REFUSED: &str = "refused";
+}
+
+/// Every refusal, for the parser to look names up in.
+const REFUSALS: [Refusal; 3] = [Refusal::Unknown, Refusal::NotHolding, Refusal::NotWaiting];
+
+/// The grammar's name of a refusal, for the writer and the parser.
+fn refusal_name(reason: Refusal) -> &'static str {
+    match reason {
+        Refusal::Unknown => "unknown",
+        Refusal::NotHolding => "not_holding",
+        Refusal::NotWaiting => "not_waiting",
+    }
+}
+
 /// Writes one event as the grammar's `action`, keys by `write_key`. Shared with
 /// [`replay`](crate::replay), whose divergence reports show events the same way.
 pub(crate) fn write_event<K>(
@@ -828,40 +851,46 @@ pub(crate) fn write_event<K>(
 ) {
     match event {
         JournalEvent::Acquire { waiter, key } => {
-            let _ = write!(out, "acquire {} ", format_waiter(*waiter));
+            let _ = write!(out, "{} {} ", names::ACQUIRE, format_waiter(*waiter));
             write_key(key, out);
         }
         JournalEvent::TryAcquire { key } => {
-            out.push_str("try_acquire ");
+            let _ = write!(out, "{} ", names::TRY_ACQUIRE);
             write_key(key, out);
         }
         JournalEvent::Release { waiter } => {
-            let _ = write!(out, "release {}", format_waiter(*waiter));
+            let _ = write!(out, "{} {}", names::RELEASE, format_waiter(*waiter));
         }
         JournalEvent::Cancel { waiter } => {
-            let _ = write!(out, "cancel {}", format_waiter(*waiter));
+            let _ = write!(out, "{} {}", names::CANCEL, format_waiter(*waiter));
         }
-        JournalEvent::Shutdown => out.push_str("shutdown"),
+        JournalEvent::Shutdown => out.push_str(names::SHUTDOWN),
         JournalEvent::Grant {
             waiter,
             fencing_token,
         } => {
-            let _ = write!(out, "grant {} {fencing_token}", format_waiter(*waiter));
+            let _ = write!(
+                out,
+                "{} {} {fencing_token}",
+                names::GRANT,
+                format_waiter(*waiter)
+            );
         }
         JournalEvent::WouldBlock { key } => {
-            out.push_str("would_block ");
+            let _ = write!(out, "{} ", names::WOULD_BLOCK);
             write_key(key, out);
         }
         JournalEvent::Closed { waiter } => {
-            let _ = write!(out, "closed {}", format_waiter(*waiter));
+            let _ = write!(out, "{} {}", names::CLOSED, format_waiter(*waiter));
         }
         JournalEvent::Refused { waiter, reason } => {
-            let reason = match reason {
-                Refusal::Unknown => "unknown",
-                Refusal::NotHolding => "not_holding",
-                Refusal::NotWaiting => "not_waiting",
-            };
-            let _ = write!(out, "refused {} {reason}", format_waiter(*waiter));
+            let reason = refusal_name(*reason);
+            let _ = write!(
+                out,
+                "{} {} {reason}",
+                names::REFUSED,
+                format_waiter(*waiter)
+            );
         }
     }
 }
