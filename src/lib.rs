@@ -99,7 +99,8 @@ pub struct ReadmeDoctests;
 pub use actor::RegistryActor;
 pub use error::{AcquireError, JournalError, LockError, TryAcquireError, TryLockError};
 pub use guard::KeyGuard;
-pub use registry::{Execution, LockRegistry, RegistryBuilder};
+pub use registry::{LockRegistry, RegistryBuilder};
+pub use run_token::Execution;
 pub use stats::RegistryStats;
 
 /// What a key must be: hashable, comparable, cloneable, printable for `tracing`, and movable

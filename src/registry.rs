@@ -20,7 +20,7 @@ use crate::guard::KeyGuard;
 use crate::journal::Journal;
 use crate::owner::{self, Call, Owner, OwnerConfig, Route};
 use crate::request::{Delivery, Outcome, Request, RequestSender};
-use crate::run_token::{self, Mode};
+use crate::run_token::{self, Execution};
 use crate::shard::ShardRouter;
 use crate::stats::RegistryStats;
 
@@ -664,37 +664,6 @@ impl<K: LockKey> Drop for PendingGrant<'_, K> {
     }
 }
 
-/// Who runs a registry's bookkeeping (set with [`RegistryBuilder::execution`]).
-///
-/// Each shard's lock table has one owner and changes one step at a time, in one total order,
-/// whoever runs the step. The two modes differ only in who that is when nobody else is using
-/// the shard; FIFO, cancel safety, fencing tokens, ordering and shutdown hold the same in
-/// both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Execution {
-    /// A call that finds the shard idle (no step running, nothing queued) runs its step
-    /// itself, on the caller's thread, and a guard's drop that finds a waiter wakes it
-    /// directly: a free key costs no task switch. A call that finds the shard busy queues
-    /// its request; whoever runs steps serves the queue in arrival order, up to a bound,
-    /// then hands the rest to the actor task. The default.
-    RunOnCaller,
-    /// Every request goes through the queue to the registry's actor task, which runs every
-    /// step: two task switches per `lock`, but the caller never runs bookkeeping for others.
-    ActorTask,
-}
-
-impl Default for Execution {
-    fn default() -> Self {
-        // The test suite runs a second time with every registry in actor mode (`.ci/run`).
-        if cfg!(keyed_locks_actor_default) {
-            Execution::ActorTask
-        } else {
-            Execution::RunOnCaller
-        }
-    }
-}
-
 /// Builds a [`LockRegistry`] with non-default settings; made by [`LockRegistry::builder`].
 pub struct RegistryBuilder<K: LockKey> {
     journal_capacity: Option<usize>,
@@ -806,10 +775,6 @@ impl<K: LockKey> RegistryBuilder<K> {
     #[must_use = "a registry stops once every handle and guard is gone"]
     pub fn spawn(self) -> LockRegistry<K> {
         let router = ShardRouter::new(self.shards);
-        let mode = match self.execution {
-            Execution::RunOnCaller => Mode::RunOnCaller,
-            Execution::ActorTask => Mode::ActorOnly,
-        };
         let shards = (0..self.shards.get())
             .map(|shard| {
                 let final_journal = Arc::new(OnceLock::new());
@@ -820,7 +785,7 @@ impl<K: LockKey> RegistryBuilder<K> {
                     router: router.clone(),
                 };
                 let (requests, receiver) =
-                    run_token::run_token(|weak| Owner::new(owner_config, weak), mode);
+                    run_token::run_token(|weak| Owner::new(owner_config, weak), self.execution);
                 let config = RegistryConfig { requests: receiver };
                 // Spawned by hand rather than with `spawn_with_mailbox`, which wraps the task in a
                 // task-local scope (for kameo's `is_current`, which nothing here uses) that costs

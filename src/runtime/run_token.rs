@@ -76,20 +76,42 @@ pub(crate) const CALLER_SERVE_BOUND: usize = 8;
 /// its tokio budget.
 pub(crate) const ACTOR_SERVE_BOUND: usize = 1024;
 
-/// Whether callers may take the run token themselves.
+/// Who runs a registry's bookkeeping (set with [`RegistryBuilder::execution`](crate::RegistryBuilder::execution)).
+///
+/// Each shard's lock table has one owner and changes one step at a time, in one total order,
+/// whoever runs the step. The two modes differ only in who that is when nobody else is using
+/// the shard; FIFO, cancel safety, fencing tokens, ordering and shutdown hold the same in
+/// both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// A caller that finds the owner idle runs its step itself.
+#[non_exhaustive]
+pub enum Execution {
+    /// A call that finds the shard idle (no step running, nothing queued) runs its step
+    /// itself, on the caller's thread, and a guard's drop that finds a waiter wakes it
+    /// directly: a free key costs no task switch. A call that finds the shard busy queues
+    /// its request; whoever runs steps serves the queue in arrival order, up to a bound,
+    /// then hands the rest to the actor task. The default.
     RunOnCaller,
-    /// Every request goes through the queue to the actor task.
-    ActorOnly,
+    /// Every request goes through the queue to the registry's actor task, which runs every
+    /// step: two task switches per `lock`, but the caller never runs bookkeeping for others.
+    ActorTask,
+}
+
+impl Default for Execution {
+    fn default() -> Self {
+        // The test suite runs a second time with every registry in actor mode (`.ci/run`).
+        if cfg!(keyed_locks_actor_default) {
+            Execution::ActorTask
+        } else {
+            Execution::RunOnCaller
+        }
+    }
 }
 
 /// Creates the token for the owner state that `make` builds (given a weak sender, for the
 /// state to make strong ones from), with one sender.
 pub(crate) fn run_token<S: Owned<R>, R>(
     make: impl FnOnce(WeakSender<S, R>) -> S,
-    mode: Mode,
+    execution: Execution,
 ) -> (Sender<S, R>, Receiver<S, R>) {
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
@@ -102,7 +124,7 @@ pub(crate) fn run_token<S: Owned<R>, R>(
             actor_wants_token: false,
         }),
         senders: AtomicUsize::new(1),
-        mode,
+        execution,
     });
     let owner = make(WeakSender {
         shared: Arc::clone(&shared),
@@ -124,7 +146,7 @@ struct Shared<S: Owned<R>, R> {
     /// Strong senders alive. Changed outside the mutex; only the change to zero takes it, to
     /// wake the actor.
     senders: AtomicUsize,
-    mode: Mode,
+    execution: Execution,
 }
 
 impl<S: Owned<R>, R> Shared<S, R> {
@@ -187,7 +209,7 @@ impl<S: Owned<R>, R> Sender<S, R> {
         if state.closed {
             return Entry::Closed;
         }
-        if self.shared.mode == Mode::RunOnCaller
+        if self.shared.execution == Execution::RunOnCaller
             && state.queue.is_empty()
             && let Some(idle) = state.idle.take()
         {
@@ -551,8 +573,8 @@ mod tests {
 
     const PANICS: u32 = u32::MAX;
 
-    fn log(mode: Mode) -> (Sender<Log, u32>, Receiver<Log, u32>) {
-        run_token(|_weak| Log::default(), mode)
+    fn log(execution: Execution) -> (Sender<Log, u32>, Receiver<Log, u32>) {
+        run_token(|_weak| Log::default(), execution)
     }
 
     /// Runs `request` the way a caller does: its own step if the owner is idle, else queued.
@@ -609,7 +631,7 @@ mod tests {
 
     #[test]
     fn an_idle_owner_runs_on_the_caller_without_waking_the_actor() {
-        let (sender, receiver) = log(Mode::RunOnCaller);
+        let (sender, receiver) = log(Execution::RunOnCaller);
         let mut actor = serving_actor(&receiver);
         assert_pending!(actor.poll());
         call(&sender, 1, CALLER_SERVE_BOUND);
@@ -621,7 +643,7 @@ mod tests {
 
     #[test]
     fn requests_queued_while_a_caller_runs_are_served_by_it_in_arrival_order() {
-        let (sender, receiver) = log(Mode::RunOnCaller);
+        let (sender, receiver) = log(Execution::RunOnCaller);
         let mut actor = serving_actor(&receiver);
         assert_pending!(actor.poll());
         let mut token = held(&sender);
@@ -636,7 +658,7 @@ mod tests {
 
     #[test]
     fn past_the_bound_the_holder_hands_the_rest_to_the_actor_and_wakes_it() {
-        let (sender, receiver) = log(Mode::RunOnCaller);
+        let (sender, receiver) = log(Execution::RunOnCaller);
         let mut actor = serving_actor(&receiver);
         assert_pending!(actor.poll());
         let token = held(&sender);
@@ -654,7 +676,7 @@ mod tests {
 
     #[test]
     fn a_push_that_finds_the_token_idle_wakes_the_actor_once() {
-        let (sender, receiver) = log(Mode::ActorOnly);
+        let (sender, receiver) = log(Execution::ActorTask);
         let mut actor = serving_actor(&receiver);
         assert_pending!(actor.poll());
         call(&sender, 1, CALLER_SERVE_BOUND);
@@ -671,7 +693,7 @@ mod tests {
 
     #[test]
     fn an_actor_waiting_for_the_token_gets_it_when_the_caller_lets_go() {
-        let (sender, receiver) = log(Mode::RunOnCaller);
+        let (sender, receiver) = log(Execution::RunOnCaller);
         let token = held(&sender);
         let mut actor = task::spawn(poll_fn(|cx| receiver.poll_token(cx).map(|t| t.is_some())));
         assert_pending!(actor.poll());
@@ -682,7 +704,7 @@ mod tests {
 
     #[test]
     fn the_actor_stops_once_every_sender_is_gone_and_nothing_is_queued() {
-        let (sender, receiver) = log(Mode::RunOnCaller);
+        let (sender, receiver) = log(Execution::RunOnCaller);
         let mut actor = stop_watcher(&receiver);
         assert_pending!(actor.poll());
         let second = sender.clone();
@@ -695,7 +717,7 @@ mod tests {
 
     #[test]
     fn a_step_that_panics_closes_the_owner_and_wakes_the_actor() {
-        let (sender, receiver) = log(Mode::RunOnCaller);
+        let (sender, receiver) = log(Execution::RunOnCaller);
         let mut actor = stop_watcher(&receiver);
         assert_pending!(actor.poll());
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -718,7 +740,7 @@ mod tests {
     async fn under_contention_every_request_is_served_once_and_in_each_callers_order() {
         const THREADS: u32 = 4;
         const EACH: u32 = 20_000;
-        let (sender, receiver) = log(Mode::RunOnCaller);
+        let (sender, receiver) = log(Execution::RunOnCaller);
         let actor = tokio::spawn(async move {
             loop {
                 let stop = poll_fn(|cx| {
