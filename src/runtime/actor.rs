@@ -28,7 +28,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tracing::debug;
 
 use crate::LockKey;
-use crate::error::{AcquireError, LockError, TryAcquireError};
+use crate::error::{AcquireError, TryAcquireError};
 use crate::guard::KeyGuard;
 use crate::journal::Journal;
 use crate::messages::{Acquire, GetJournal, GetStats, TryAcquire};
@@ -42,7 +42,7 @@ use crate::stats::RegistryStats;
 ///
 /// It is never restarted: a fresh, empty table while guards are still out would grant keys
 /// that are held. If it stops for any reason (shutdown, panic, kill), every waiter gets
-/// [`LockError::Closed`] and so does every later request.
+/// [`LockError::Closed`](crate::LockError::Closed) and so does every later request.
 pub struct RegistryActor<K: LockKey> {
     /// The shard's run token and request queue, from the actor's side.
     requests: RequestReceiver<K>,
@@ -199,11 +199,9 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
                     debug!(?key, "acquire sent to the wrong shard: refused");
                     return Some(reply);
                 }
-                // The table's deliveries fail only with `Closed`.
-                let delivery =
-                    Delivery::Message(Box::new(Box::new(move |result: Result<_, _>| {
-                        reply.send(result.map_err(|LockError::Closed| AcquireError::Closed))
-                    })));
+                let delivery = Delivery::Message(Box::new(Box::new(move |guard: Option<_>| {
+                    reply.send(guard.ok_or(AcquireError::Closed))
+                })));
                 let _done = owner.step(Request::Acquire { key, delivery }, effects);
                 None
             })
@@ -233,10 +231,10 @@ impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
                     return Err(TryAcquireError::WrongShard);
                 }
                 match owner.step(Request::TryAcquire { key, grant: None }, effects) {
-                    // The only error: no handle or guard is left, the registry is about to stop.
+                    // No guard only if no handle or guard is left: the registry is about to stop.
                     Outcome::Granted(granted) => owner
                         .guard_for_message(granted.waiter_id, granted.fencing_token)
-                        .map_err(|_closed| TryAcquireError::Closed),
+                        .ok_or(TryAcquireError::Closed),
                     _ => Err(TryAcquireError::WouldBlock),
                 }
             })

@@ -15,7 +15,6 @@ use std::task::Waker;
 use tracing::{debug, warn};
 
 use crate::LockKey;
-use crate::error::LockError;
 use crate::grant::{self, Granted};
 use crate::guard::KeyGuard;
 use crate::journal::{Journal, JournaledTable};
@@ -71,7 +70,7 @@ struct MoreEffects<K: LockKey> {
     replies: Vec<MessageReplyDue<K>>,
 }
 
-type MessageReplyDue<K> = (MessageReply<K>, Result<KeyGuard<K>, LockError>);
+type MessageReplyDue<K> = (MessageReply<K>, Option<KeyGuard<K>>);
 
 impl<K: LockKey> Effects<K> {
     #[inline]
@@ -99,8 +98,8 @@ impl<K: LockKey> Effects<K> {
         })
     }
 
-    fn reply(&mut self, reply: MessageReply<K>, result: Result<KeyGuard<K>, LockError>) {
-        self.more().replies.push((reply, result));
+    fn reply(&mut self, reply: MessageReply<K>, guard: Option<KeyGuard<K>>) {
+        self.more().replies.push((reply, guard));
     }
 
     /// Wakes every task and sends every reply, in the order the steps left them.
@@ -119,9 +118,9 @@ impl<K: LockKey> Drop for Effects<K> {
         if let Some(more) = self.more.take() {
             let MoreEffects { wakes, replies } = *more;
             wakes.into_iter().for_each(Waker::wake);
-            for (reply, result) in replies {
+            for (reply, guard) in replies {
                 // If the asker is gone, kameo drops the guard, whose drop releases the key.
-                reply(result);
+                reply(guard);
             }
         }
     }
@@ -308,26 +307,22 @@ impl<K: LockKey> Owner<K> {
         outcome
     }
 
-    /// The guard for a grant made to a kameo message, with its registry-wide fencing token.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::Closed`] if no handle and no guard is left to release with: the registry
-    /// is about to stop. The grant is released here, so no key stays held by a guard that was
-    /// never made.
+    /// The guard for a grant made to a kameo message, with its registry-wide fencing token;
+    /// `None` if no handle and no guard is left to release with (the registry is about to
+    /// stop). The grant is then released here, so no key stays held by a guard never made.
     pub(crate) fn guard_for_message(
         &mut self,
         waiter_id: WaiterId,
         fencing_token: u64,
-    ) -> Result<KeyGuard<K>, LockError> {
+    ) -> Option<KeyGuard<K>> {
         let key = self.table.table().key_of(waiter_id).cloned();
         match (key, self.weak_requests.upgrade()) {
             (Some(key), Some(requests)) => {
-                Ok(KeyGuard::new(key, waiter_id, fencing_token, requests))
+                Some(KeyGuard::new(key, waiter_id, fencing_token, requests))
             }
             _ => {
                 self.release(waiter_id);
-                Err(LockError::Closed)
+                None
             }
         }
     }
@@ -374,7 +369,7 @@ impl<K: LockKey> Owner<K> {
             match delivery {
                 // Dropping an unresolved grant channel closes it.
                 Delivery::Caller | Delivery::Channel(_) => drop(delivery),
-                Delivery::Message(reply) => reply(Err(LockError::Closed)),
+                Delivery::Message(reply) => reply(None),
             }
         }
         if self.table.is_journaling() {

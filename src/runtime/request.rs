@@ -8,7 +8,6 @@
 use tokio::sync::oneshot;
 
 use crate::LockKey;
-use crate::error::LockError;
 use crate::grant::{GrantReceiver, GrantSender, Granted};
 use crate::guard::KeyGuard;
 use crate::journal::Journal;
@@ -52,10 +51,11 @@ pub(crate) enum Delivery<K: LockKey> {
     Message(Box<MessageReply<K>>),
 }
 
-/// Sends the reply to an `ask(Acquire)`. A trait object rather than kameo's `ReplySender` itself:
+/// Sends the reply to an `ask(Acquire)`: the guard, or `None` if the registry closed first. A
+/// trait object rather than kameo's `ReplySender` itself:
 /// the reply holds a guard, the guard a sender, the sender the owner and the owner this
 /// delivery, and only a `dyn ... + Send` lets the compiler see that such a cycle is `Send`.
-pub(crate) type MessageReply<K> = Box<dyn FnOnce(Result<KeyGuard<K>, LockError>) + Send>;
+pub(crate) type MessageReply<K> = Box<dyn FnOnce(Option<KeyGuard<K>>) + Send>;
 
 impl<K: LockKey> std::fmt::Debug for Delivery<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
