@@ -62,10 +62,10 @@ fn channel_in(state: SlotState) -> (GrantSender, GrantReceiver) {
         .try_with(|spare| spare.borrow_mut().pop())
         .ok()
         .flatten();
-    let slot = spare.unwrap_or_else(|| Arc::new(Mutex::new(Slot::FRESH)));
-    if state != SlotState::Sent {
-        // Nobody else holds this slot yet, so the lock is uncontended.
-        slot.lock().unwrap_or_else(PoisonError::into_inner).state = state;
+    let mut slot = spare.unwrap_or_else(|| Arc::new(Mutex::new(Slot::FRESH)));
+    // A new or spare slot is held by nobody else, so it needs no locking.
+    if let Some(unshared) = Arc::get_mut(&mut slot) {
+        unshared_slot(unshared).state = state;
     }
     (
         GrantSender {
@@ -143,7 +143,7 @@ impl Drop for SlotHold {
         };
         // The waker goes now, not when the slot is reused: it keeps the previous caller's task
         // alive.
-        *unshared.get_mut().unwrap_or_else(PoisonError::into_inner) = Slot::FRESH;
+        *unshared_slot(unshared) = Slot::FRESH;
         // The stock's reference outlives this hold, whose own ends when `drop` returns.
         let spare = Arc::clone(&self.0);
         let _ = SPARE_SLOTS.try_with(|stock| {
@@ -153,6 +153,12 @@ impl Drop for SlotHold {
             }
         });
     }
+}
+
+/// The slot behind a mutex nobody else can reach. Poisoning cannot happen (no code that can
+/// panic runs under the lock); if it ever did, the state is still a plain value.
+fn unshared_slot(slot: &mut Mutex<Slot>) -> &mut Slot {
+    slot.get_mut().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl fmt::Debug for SlotHold {
