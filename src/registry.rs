@@ -698,13 +698,11 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// Splits the keys among `count` registry actors (shards), each the single owner of the
     /// keys that hash to it. One by default.
     ///
-    /// More shards let several cores do bookkeeping at once when many tasks lock many keys
-    /// and one actor cannot keep up. On the repository's 2-core benchmarks that never
-    /// happened: 2 shards did as well as one with many tasks and 14–17% worse for one task
-    /// locking keys in turn, which alternates between actors (see the README). Measure on
-    /// your own machine before raising it. Every rule holds per key: mutual exclusion, FIFO, cancel safety, fencing
-    /// tokens increasing per key (they are unique across shards, but two keys in different
-    /// shards are not ordered by them). Each shard keeps its own journal
+    /// More shards let several cores do bookkeeping at once, each on a table of its own, when
+    /// many tasks lock many keys; the README's benchmark table shows what 2 shards give on
+    /// its machine. Measure on your own before raising it. Every rule holds per key: mutual
+    /// exclusion, FIFO, cancel safety, fencing tokens increasing per key (they are unique
+    /// across shards, but two keys in different shards are not ordered by them). Each shard keeps its own journal
     /// ([`LockRegistry::journals`]). With more than one shard, keys are hashed by the caller
     /// to pick the shard.
     ///

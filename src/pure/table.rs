@@ -67,8 +67,9 @@ const TOMBSTONE_SLACK: usize = 16;
 
 /// The pure, synchronous per-key lock state machine. See the [module docs](self).
 pub struct LockTable<K, D> {
-    /// Keyed with foldhash rather than std's SipHash, which was an eighth of a lock/unlock
-    /// pair's instructions (`docs/performance-log.md`).
+    /// Keyed with foldhash rather than std's SipHash: every step hashes, and SipHash trades
+    /// speed for resistance to chosen keys (`docs/performance-log.md` has the profile that
+    /// led to the switch).
     entries: HashMap<K, Entry, foldhash::fast::RandomState>,
     records: SlotMap<WaiterId, Record<K, D>>,
     next_fencing_token: u64,

@@ -22,8 +22,8 @@
 //! freeing it, whichever side drops its [`SlotHold`] last puts it back, reset, into a small
 //! per-thread stock ([`SPARE_SLOTS_PER_THREAD`]) that the next channel made on that thread
 //! takes from. A slot is allocated on one worker and often let go on the other, and with the
-//! system allocator those cross-thread frees are a large part of the channel's cost: reusing
-//! slots made `spread` measurably faster (`docs/performance-log.md`). A slot is reused
+//! system allocator those cross-thread frees are a large part of the channel's cost
+//! (`docs/performance-log.md` has the runs with and without the stock). A slot is reused
 //! only when nobody else holds it (`Arc::get_mut`), so no state can leak from one lock call
 //! to the next. Every way a side lets go (a grant, a give-up, a drop) ends in that one `Drop`.
 

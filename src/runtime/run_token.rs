@@ -66,10 +66,9 @@ pub(crate) trait Owned<R> {
 /// Requests one caller serves for others before it hands the rest to the actor task: about a
 /// microsecond of work at most, so no caller pays much for being first. Small on purpose: a
 /// caller that keeps the token while other workers keep queueing makes the table's memory
-/// travel between cores at every turn, where the actor task keeps it on one; on the 2-core
-/// benchmark machine 8 did better than 64 under contention and as well on one hot key
-/// (`examples/profile_contended.rs`, `docs/performance-log.md`). CC-Synch, for threads that
-/// spin rather than tasks, uses 144 (`bitslab/ffwd`, `liblock/ccsynch.c`).
+/// travel between cores at every turn, where the actor task keeps it on one (the runs that
+/// chose 8 over 64 are in `docs/performance-log.md`). CC-Synch, for threads that spin rather
+/// than tasks, uses 144 (`bitslab/ffwd`, `liblock/ccsynch.c`).
 pub(crate) const CALLER_SERVE_BOUND: usize = 8;
 
 /// Requests the actor task serves per hold of the token, between two looks at its mailbox and
