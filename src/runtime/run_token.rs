@@ -340,20 +340,13 @@ impl<S: Owned<R>, R> RunToken<'_, S, R> {
     /// Serves everything queued so far, oldest first, keeping the token: for the actor, before
     /// a message that must come after the requests sent before it.
     pub(crate) fn serve_queued(&mut self, effects: &mut S::Effects) {
-        let Some(idle) = &mut self.idle else {
-            return;
-        };
         loop {
-            {
-                let mut state = self.shared.lock();
-                if state.queue.is_empty() {
-                    return;
-                }
-                std::mem::swap(&mut state.queue, &mut idle.batch);
+            let state = self.shared.lock();
+            if state.queue.is_empty() {
+                return;
             }
-            let Idle { owner, batch } = &mut **idle;
-            for request in batch.drain(..) {
-                owner.serve(request, effects);
+            if self.serve_oldest(state, usize::MAX, effects) == 0 {
+                return;
             }
         }
     }
@@ -366,33 +359,46 @@ impl<S: Owned<R>, R> RunToken<'_, S, R> {
     pub(crate) fn release(mut self, effects: &mut S::Effects, bound: usize) {
         let mut served = 0;
         loop {
-            let mut state = self.shared.lock();
-            // The state stays in `self` while requests are served, so that if a step panics
-            // the token's drop finds it and closes the owner.
-            let Some(idle) = &mut self.idle else {
-                return;
-            };
+            let state = self.shared.lock();
             if state.queue.is_empty() || served >= bound || state.closed {
                 if let Some(idle) = self.idle.take() {
                     give_back(idle, state);
                 }
                 return;
             }
-            // Take the oldest requests, at most as many as the bound still allows. The usual
-            // case takes the whole queue by swapping it with the (empty) batch buffer.
-            let room = bound - served;
-            if state.queue.len() <= room {
-                std::mem::swap(&mut state.queue, &mut idle.batch);
-            } else {
-                idle.batch.extend(state.queue.drain(..room));
-            }
-            drop(state);
-            served += idle.batch.len();
-            let Idle { owner, batch } = &mut **idle;
-            for request in batch.drain(..) {
-                owner.serve(request, effects);
+            match self.serve_oldest(state, bound - served, effects) {
+                // Only a token without its state serves nothing from a non-empty queue.
+                0 => return,
+                taken => served += taken,
             }
         }
+    }
+
+    /// Takes the oldest queued requests, at most `room` of them, lets go of the lock and serves
+    /// them; returns how many (0 only if the state is gone). The usual case takes the whole queue by swapping it with the
+    /// (empty) batch buffer. The owner state stays in `self` meanwhile, so that if a step
+    /// panics the token's drop finds it and closes the owner.
+    fn serve_oldest(
+        &mut self,
+        mut state: MutexGuard<'_, State<S, R>>,
+        room: usize,
+        effects: &mut S::Effects,
+    ) -> usize {
+        let Some(idle) = &mut self.idle else {
+            return 0;
+        };
+        if state.queue.len() <= room {
+            std::mem::swap(&mut state.queue, &mut idle.batch);
+        } else {
+            idle.batch.extend(state.queue.drain(..room));
+        }
+        drop(state);
+        let Idle { owner, batch } = &mut **idle;
+        let served = batch.len();
+        for request in batch.drain(..) {
+            owner.serve(request, effects);
+        }
+        served
     }
 }
 
