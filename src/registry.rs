@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use crate::LockKey;
 use crate::actor::{RegistryActor, RegistryConfig};
 use crate::error::{JournalError, LockError, TryLockError};
-use crate::grant::{self, GrantReceiver, Granted, NotGranted, Undo};
+use crate::grant::{self, GrantReceiver, GrantSender, Granted, NotGranted, Undo};
 use crate::guard::KeyGuard;
 use crate::journal::Journal;
 use crate::owner::{self, Call, Owner, OwnerConfig, Route};
@@ -509,43 +509,32 @@ impl<K: LockKey> Shard<K> {
     /// `async` one: the caller's future then holds only the [`PendingGrant`] across its
     /// await, which keeps every waiting `lock` smaller (`cargo bench --bench memory`).
     fn acquire(&self, key: K) -> Acquiring<'_, K> {
-        self.acquire_with(|route, receiver| match route {
-            Route::Here => Request::Acquire {
-                key,
-                delivery: Delivery::Caller,
-            },
-            Route::Queue => {
-                let (sender, made) = grant::channel();
-                *receiver = Some(made);
-                Request::Acquire {
-                    key,
-                    delivery: Delivery::Channel(sender),
-                }
-            }
+        self.acquire_with(|grant| Request::Acquire {
+            key,
+            delivery: grant.map_or(Delivery::Caller, Delivery::Channel),
         })
     }
 
     /// As [`acquire`](Self::acquire), for a key that is taken only if free.
     fn try_acquire(&self, key: K) -> Acquiring<'_, K> {
-        self.acquire_with(|route, receiver| match route {
-            Route::Here => Request::TryAcquire { key, grant: None },
-            Route::Queue => {
-                let (sender, made) = grant::channel();
-                *receiver = Some(made);
-                Request::TryAcquire {
-                    key,
-                    grant: Some(sender),
-                }
-            }
-        })
+        self.acquire_with(|grant| Request::TryAcquire { key, grant })
     }
 
+    /// Runs the request `make` builds here if the owner is idle (with no grant channel: the
+    /// step's outcome tells), or queues it with a grant channel to wait on.
     fn acquire_with(
         &self,
-        make: impl FnOnce(Route, &mut Option<GrantReceiver>) -> Request<K>,
+        make: impl FnOnce(Option<GrantSender>) -> Request<K>,
     ) -> Acquiring<'_, K> {
         let mut queued_receiver = None;
-        let call = owner::call(&self.requests, |route| make(route, &mut queued_receiver));
+        let call = owner::call(&self.requests, |route| match route {
+            Route::Here => make(None),
+            Route::Queue => {
+                let (sender, receiver) = grant::channel();
+                queued_receiver = Some(receiver);
+                make(Some(sender))
+            }
+        });
         let receiver = match call {
             Call::Ran(Outcome::Granted(granted)) => return Acquiring::Granted(granted),
             Call::Ran(Outcome::Queued(receiver)) => receiver,
