@@ -88,7 +88,11 @@ impl<K: LockKey> Drop for KeyGuard<K> {
         // unbounded queue. It comes to nothing only when the registry has stopped, and then
         // nothing is left to release.
         let waiter_id = self.waiter_id;
-        let _ = owner::call(&self.requests, |_| Request::Release { waiter_id });
+        let _ = owner::call(
+            &self.requests,
+            || ((), ()),
+            |_| Request::Release { waiter_id },
+        );
     }
 }
 

@@ -18,7 +18,7 @@ use crate::error::{JournalError, LockError, TryLockError};
 use crate::grant::{self, GrantReceiver, GrantSender, Granted, NotGranted, Undo};
 use crate::guard::KeyGuard;
 use crate::journal::Journal;
-use crate::owner::{self, Call, Owner, OwnerConfig, Route};
+use crate::owner::{self, Call, Owner, OwnerConfig};
 use crate::request::{Delivery, Outcome, Request, RequestSender};
 use crate::run_token::{self, Execution};
 use crate::shard::ShardRouter;
@@ -526,23 +526,10 @@ impl<K: LockKey> Shard<K> {
         &self,
         make: impl FnOnce(Option<GrantSender>) -> Request<K>,
     ) -> Acquiring<'_, K> {
-        let mut queued_receiver = None;
-        let call = owner::call(&self.requests, |route| match route {
-            Route::Here => make(None),
-            Route::Queue => {
-                let (sender, receiver) = grant::channel();
-                queued_receiver = Some(receiver);
-                make(Some(sender))
-            }
-        });
-        let receiver = match call {
+        let receiver = match owner::call(&self.requests, grant::channel, make) {
             Call::Ran(Outcome::Granted(granted)) => return Acquiring::Granted(granted),
-            Call::Ran(Outcome::Queued(receiver)) => receiver,
+            Call::Ran(Outcome::Queued(receiver)) | Call::Queued(receiver) => receiver,
             Call::Ran(Outcome::WouldBlock) => return Acquiring::WouldBlock,
-            Call::Queued => match queued_receiver {
-                Some(receiver) => receiver,
-                None => return Acquiring::Closed,
-            },
             // A step gives no other outcome for an acquire.
             Call::Ran(_) | Call::Closed => return Acquiring::Closed,
         };
@@ -559,20 +546,11 @@ impl<K: LockKey> Shard<K> {
         make: impl FnOnce(Option<oneshot::Sender<T>>) -> Request<K>,
         take: impl FnOnce(Outcome<K>) -> Option<T>,
     ) -> Result<T, LockError> {
-        let mut answer = None;
-        let call = owner::call(&self.requests, |route| match route {
-            Route::Here => make(None),
-            Route::Queue => {
-                let (reply, receiver) = oneshot::channel();
-                answer = Some(receiver);
-                make(Some(reply))
-            }
-        });
-        match (call, answer) {
-            (Call::Ran(outcome), _) => take(outcome).ok_or(LockError::Closed),
+        match owner::call(&self.requests, oneshot::channel, make) {
+            Call::Ran(outcome) => take(outcome).ok_or(LockError::Closed),
             // The owner drops the reply unanswered only when it closes.
-            (Call::Queued, Some(answer)) => answer.await.map_err(|_| LockError::Closed),
-            _ => Err(LockError::Closed),
+            Call::Queued(answer) => answer.await.map_err(|_| LockError::Closed),
+            Call::Closed => Err(LockError::Closed),
         }
     }
 
@@ -649,7 +627,7 @@ impl<K: LockKey> Drop for PendingGrant<'_, K> {
             Undo::Cancel(waiter_id) => Request::Cancel { waiter_id },
             Undo::Release(waiter_id) => Request::Release { waiter_id },
         };
-        let _ = owner::call(self.requests, |_| undo);
+        let _ = owner::call(self.requests, || ((), ()), |_| undo);
     }
 }
 

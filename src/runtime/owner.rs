@@ -383,48 +383,43 @@ impl<K: LockKey> Owner<K> {
     }
 }
 
-/// Where a request made by [`call`] goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Route {
-    /// The caller holds the run token and runs the step itself.
-    Here,
-    /// The owner is busy: the request waits in the queue, with a channel to answer through.
-    Queue,
-}
-
 /// What became of a request made by [`call`].
 #[derive(Debug)]
-pub(crate) enum Call<K: LockKey> {
+pub(crate) enum Call<K: LockKey, W> {
     /// The caller ran the step; this is what it gave.
     Ran(Outcome<K>),
-    /// The request waits in the queue; its answer comes through its channel.
-    Queued,
+    /// The request waits in the queue; its answer comes through this receiving end.
+    Queued(W),
     /// The shard takes no more requests.
     Closed,
 }
 
 /// Runs the request `make` builds on the caller if the owner is idle, or queues it for
-/// whoever holds the run token. `make` learns which, so that only a queued request pays for a
-/// channel.
+/// whoever holds the run token. Only a queued request pays for a channel: `channel` makes one
+/// then, `make` gets its sending end (`None` when the step runs here), and the call gives
+/// back its receiving end. A request that needs no answer (a release, a cancel) passes a
+/// channel of units.
 ///
 /// The token is let go before the step's effects are carried out: wake-ups and kameo replies
 /// never run under it.
 #[inline]
-pub(crate) fn call<K: LockKey>(
+pub(crate) fn call<K: LockKey, S, W>(
     requests: &crate::request::RequestSender<K>,
-    make: impl FnOnce(Route) -> Request<K>,
-) -> Call<K> {
+    channel: impl FnOnce() -> (S, W),
+    make: impl FnOnce(Option<S>) -> Request<K>,
+) -> Call<K, W> {
     match requests.enter() {
         Entry::Run(mut token) => {
             let mut effects = Effects::new();
-            let outcome = token.owner().step(make(Route::Here), &mut effects);
+            let outcome = token.owner().step(make(None), &mut effects);
             token.release(&mut effects, CALLER_SERVE_BOUND);
             effects.carry_out();
             Call::Ran(outcome)
         }
         Entry::Busy(queue) => {
-            queue.push(make(Route::Queue));
-            Call::Queued
+            let (sender, receiver) = channel();
+            queue.push(make(Some(sender)));
+            Call::Queued(receiver)
         }
         Entry::Closed => Call::Closed,
     }
