@@ -29,9 +29,8 @@
 //! `#` line saying what went wrong, and commit it; it is replayed for ever after. To run the
 //! same cases again: `PROPTEST_RNG_SEED=<seed> cargo test --test table_model`.
 //!
-//! Waiters in the trace are named as the table names them: the model hands out ids from a
-//! `SlotMap` used exactly as the table uses its own (insert on arrival, remove on release and
-//! cancel, drain on shutdown), so that its expected journal can be replayed id for id.
+//! Waiters in the trace are named as the table names them: the model numbers acquirers in
+//! order of arrival, from 1, so that its expected journal can be replayed id for id.
 
 use std::collections::HashSet;
 use std::collections::hash_map::RandomState;
@@ -47,7 +46,6 @@ use keyed_locks::table::WaiterId;
 use keyed_locks::trace::{IntegerKeys, write_trace};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
-use slotmap::SlotMap;
 
 /// "A handful of waiters": an acquire or try_acquire that would exceed this does nothing.
 /// Few acquirers on few keys make long queues, cancels and grants collide often.
@@ -107,8 +105,10 @@ impl ModelKey {
 #[derive(Debug)]
 struct Model {
     keys: Vec<ModelKey>,
-    /// Names acquirers the way the table does (see the module docs); the values are unused.
-    ids: SlotMap<WaiterId, ()>,
+    /// Acquirers holding or waiting.
+    live: usize,
+    /// The arrival number of the next acquirer: the table's [`WaiterId`].
+    next_arrival: u64,
     next_fencing_token: u64,
 }
 
@@ -116,7 +116,8 @@ impl Model {
     fn new(keys: u64) -> Self {
         Model {
             keys: (0..keys).map(|_| ModelKey::default()).collect(),
-            ids: SlotMap::with_key(),
+            live: 0,
+            next_arrival: 1,
             next_fencing_token: 1,
         }
     }
@@ -131,6 +132,14 @@ impl Model {
             .iter()
             .flat_map(|key| key.holder.iter().chain(&key.waiters).copied())
             .collect()
+    }
+
+    /// Names a new acquirer the way the table does (see the module docs).
+    fn arrive(&mut self) -> WaiterId {
+        let waiter = WaiterId::new(self.next_arrival).expect("arrivals count from 1");
+        self.next_arrival += 1;
+        self.live += 1;
+        waiter
     }
 
     fn grant(&mut self, key: u64, waiter: WaiterId) -> JournalEvent<u64> {
@@ -148,10 +157,10 @@ impl Model {
     fn step(&mut self, op: Op) -> Vec<JournalEvent<u64>> {
         match op {
             Op::Acquire { key } => {
-                if self.ids.len() == MAX_LIVE_ACQUIRERS {
+                if self.live == MAX_LIVE_ACQUIRERS {
                     return Vec::new();
                 }
-                let waiter = self.ids.insert(());
+                let waiter = self.arrive();
                 let mut events = vec![JournalEvent::Acquire { waiter, key }];
                 let model_key = &mut self.keys[key as usize];
                 if model_key.holders_and_waiters() == 0 {
@@ -162,12 +171,12 @@ impl Model {
                 events
             }
             Op::TryAcquire { key } => {
-                if self.ids.len() == MAX_LIVE_ACQUIRERS {
+                if self.live == MAX_LIVE_ACQUIRERS {
                     return Vec::new();
                 }
                 let mut events = vec![JournalEvent::TryAcquire { key }];
                 if self.keys[key as usize].holders_and_waiters() == 0 {
-                    let waiter = self.ids.insert(());
+                    let waiter = self.arrive();
                     events.push(self.grant(key, waiter));
                 } else {
                     events.push(JournalEvent::WouldBlock { key });
@@ -187,7 +196,7 @@ impl Model {
                 match queued_in {
                     Some(model_key) => {
                         model_key.waiters.retain(|queued| *queued != waiter);
-                        self.ids.remove(waiter);
+                        self.live -= 1;
                     }
                     None => events.push(JournalEvent::Refused {
                         waiter,
@@ -202,7 +211,7 @@ impl Model {
                     return Vec::new();
                 };
                 let mut events = vec![JournalEvent::Release { waiter }];
-                self.ids.remove(waiter);
+                self.live -= 1;
                 let key = self
                     .keys
                     .iter()
@@ -218,18 +227,20 @@ impl Model {
                 events
             }
             Op::Shutdown => {
-                let waiting: HashSet<WaiterId> = self
+                let mut waiting: Vec<WaiterId> = self
                     .keys
                     .iter()
                     .flat_map(|key| key.waiters.iter().copied())
                     .collect();
+                // The table closes its waiters in order of arrival.
+                waiting.sort_unstable();
                 let mut events = vec![JournalEvent::Shutdown];
-                // The table closes its waiters in the order its slot map drains them.
-                for (waiter, ()) in self.ids.drain() {
-                    if waiting.contains(&waiter) {
-                        events.push(JournalEvent::Closed { waiter });
-                    }
-                }
+                events.extend(
+                    waiting
+                        .into_iter()
+                        .map(|waiter| JournalEvent::Closed { waiter }),
+                );
+                self.live = 0;
                 self.keys
                     .iter_mut()
                     .for_each(|key| *key = ModelKey::default());
@@ -350,11 +361,11 @@ fn check_state(table: &JournaledTable<u64, ()>, model: &Model) -> Result<(), Str
         }
     }
     // Reference count: the table has no acquirer beyond the model's holders and waiters.
-    if stats.held + stats.waiting != model.ids.len() {
+    if stats.held + stats.waiting != model.live {
         return Err(format!(
             "{} holders and waiters in the table, {} in the model",
             stats.held + stats.waiting,
-            model.ids.len()
+            model.live
         ));
     }
     Ok(())
@@ -436,7 +447,7 @@ fn waiters_never_granted(journal: &Journal<u64>) -> Vec<WaiterId> {
 }
 
 /// Events as trace lines without number and time, for failure messages:
-/// `release w1v1; grant w2v1 2`.
+/// `release w1; grant w2 2`.
 fn trace_lines<'a>(events: impl IntoIterator<Item = &'a JournalEvent<u64>>) -> String {
     let journal = Journal {
         entries: (1..)

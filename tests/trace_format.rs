@@ -32,7 +32,7 @@ fn every_kind_of_event(keys: [&str; 3]) -> Journal<String> {
                 4,
                 0,
                 JournalEvent::Acquire {
-                    waiter: waiter("w0v1"),
+                    waiter: waiter("w1"),
                     key: first,
                 },
             ),
@@ -40,7 +40,7 @@ fn every_kind_of_event(keys: [&str; 3]) -> Journal<String> {
                 5,
                 0,
                 JournalEvent::Grant {
-                    waiter: waiter("w0v1"),
+                    waiter: waiter("w1"),
                     fencing_token: 1,
                 },
             ),
@@ -56,7 +56,7 @@ fn every_kind_of_event(keys: [&str; 3]) -> Journal<String> {
                 8,
                 4_113,
                 JournalEvent::Acquire {
-                    waiter: waiter("w1v1"),
+                    waiter: waiter("w11"),
                     key: third,
                 },
             ),
@@ -64,14 +64,14 @@ fn every_kind_of_event(keys: [&str; 3]) -> Journal<String> {
                 9,
                 4_113,
                 JournalEvent::Cancel {
-                    waiter: waiter("w0v1"),
+                    waiter: waiter("w1"),
                 },
             ),
             entry(
                 10,
                 4_113,
                 JournalEvent::Refused {
-                    waiter: waiter("w0v1"),
+                    waiter: waiter("w1"),
                     reason: Refusal::NotWaiting,
                 },
             ),
@@ -79,14 +79,14 @@ fn every_kind_of_event(keys: [&str; 3]) -> Journal<String> {
                 11,
                 5_000,
                 JournalEvent::Release {
-                    waiter: waiter("w7v3"),
+                    waiter: waiter("w73"),
                 },
             ),
             entry(
                 12,
                 5_000,
                 JournalEvent::Refused {
-                    waiter: waiter("w7v3"),
+                    waiter: waiter("w73"),
                     reason: Refusal::Unknown,
                 },
             ),
@@ -94,7 +94,7 @@ fn every_kind_of_event(keys: [&str; 3]) -> Journal<String> {
                 13,
                 5_000,
                 JournalEvent::Refused {
-                    waiter: waiter("w1v1"),
+                    waiter: waiter("w11"),
                     reason: Refusal::NotHolding,
                 },
             ),
@@ -103,7 +103,7 @@ fn every_kind_of_event(keys: [&str; 3]) -> Journal<String> {
                 15,
                 1_000_000_000,
                 JournalEvent::Closed {
-                    waiter: waiter("w1v1"),
+                    waiter: waiter("w11"),
                 },
             ),
         ],
@@ -111,10 +111,10 @@ fn every_kind_of_event(keys: [&str; 3]) -> Journal<String> {
     }
 }
 
-const TWO_GOOD_LINES: &str = "# keyed-locks trace v1\n\
+const TWO_GOOD_LINES: &str = "# keyed-locks trace v2\n\
                               # dropped 0\n\
-                              1 +0.000000s acquire w0v1 \"k\"\n\
-                              2 +0.000000s grant w0v1 1\n";
+                              1 +0.000000s acquire w1 \"k\"\n\
+                              2 +0.000000s grant w1 1\n";
 
 /// Parses `TWO_GOOD_LINES` followed by `bad_line` (line 5) and returns the error.
 fn error_for_line_five(bad_line: &str) -> TraceError {
@@ -139,20 +139,20 @@ fn every_kind_of_event_round_trips_with_string_keys() {
 #[test]
 fn the_writer_produces_the_documented_lines() {
     let journal = every_kind_of_event(["user:42", "a\"b\\c", "é\nz"]);
-    let expected = r#"# keyed-locks trace v1
+    let expected = r#"# keyed-locks trace v2
 # dropped 3
-4 +0.000000s acquire w0v1 "user:42"
-5 +0.000000s grant w0v1 1
+4 +0.000000s acquire w1 "user:42"
+5 +0.000000s grant w1 1
 6 +0.000012s try_acquire "a\"b\\c"
 7 +0.000012s would_block "a\"b\\c"
-8 +0.004113s acquire w1v1 "é\nz"
-9 +0.004113s cancel w0v1
-10 +0.004113s refused w0v1 not_waiting
-11 +0.005000s release w7v3
-12 +0.005000s refused w7v3 unknown
-13 +0.005000s refused w1v1 not_holding
+8 +0.004113s acquire w11 "é\nz"
+9 +0.004113s cancel w1
+10 +0.004113s refused w1 not_waiting
+11 +0.005000s release w73
+12 +0.005000s refused w73 unknown
+13 +0.005000s refused w11 not_holding
 14 +1000.000000s shutdown
-15 +1000.000000s closed w1v1
+15 +1000.000000s closed w11
 "#;
     assert_eq!(write_trace(&journal, &StringKeys), expected);
 }
@@ -195,14 +195,14 @@ fn times_that_are_not_whole_microseconds_are_written_with_nanoseconds() {
 
 #[test]
 fn header_dropped_line_comments_blank_lines_and_crlf_are_accepted() {
-    let trace = "# keyed-locks trace v1\r\n\
+    let trace = "# keyed-locks trace v2\r\n\
                  # recorded on a Tuesday\r\n\
                  \r\n\
                  # dropped 5\r\n\
                  6 +0.000001s shutdown\r\n\
                  \t \n\
                  #dropped is a comment\n\
-                 7 +0.000001s closed w3v5\n";
+                 7 +0.000001s closed w35\n";
     let journal = parse_trace::<u8, _>(trace, &IntegerKeys).unwrap();
     assert_eq!(journal.dropped, 5);
     assert_eq!(journal.entries.len(), 2);
@@ -220,11 +220,13 @@ fn an_empty_trace_is_an_empty_journal() {
 fn a_malformed_waiter_is_rejected_with_its_line_and_what_was_expected() {
     for bad_line in [
         "3 +0.000001s release x",
-        "3 +0.000001s release w3",
-        "3 +0.000001s release w3v2", // even generations are never live ids
-        "3 +0.000001s cancel W3v1",
-        "3 +0.000001s grant 2 w3v1",
-        "3 +0.000001s acquire \"k\" w3v1",
+        "3 +0.000001s release w0",   // arrival numbers start at 1
+        "3 +0.000001s release w3v1", // the v1 form
+        "3 +0.000001s release w+3",
+        "3 +0.000001s release w18446744073709551616",
+        "3 +0.000001s cancel W3",
+        "3 +0.000001s grant 2 w3",
+        "3 +0.000001s acquire \"k\" w3",
     ] {
         let error = error_for_line_five(bad_line);
         assert!(
@@ -241,11 +243,11 @@ fn a_malformed_waiter_is_rejected_with_its_line_and_what_was_expected() {
     }
     assert_eq!(
         error_for_line_five("3 +0.000001s release x").to_string(),
-        "line 5: expected a waiter like w3v1, found \"x\""
+        "line 5: expected a waiter like w17, found \"x\""
     );
     assert_eq!(
         error_for_line_five("3 +0.000001s closed").to_string(),
-        "line 5: expected a waiter like w3v1, found the end of the line"
+        "line 5: expected a waiter like w17, found the end of the line"
     );
 }
 
@@ -260,18 +262,15 @@ fn each_malformed_field_is_rejected_with_what_was_expected() {
         ("3 +0.000001 shutdown", Expected::Time),
         ("3 +x.000001s shutdown", Expected::Time),
         ("3  +0.000001s shutdown", Expected::Time),
-        ("3 +0.000001s grant w0v1", Expected::FencingToken),
-        ("3 +0.000001s grant w0v1 -1", Expected::FencingToken),
-        ("3 +0.000001s refused w0v1 busy", Expected::Refusal),
-        ("3 +0.000001s acquire w1v1", Expected::Key),
+        ("3 +0.000001s grant w1", Expected::FencingToken),
+        ("3 +0.000001s grant w1 -1", Expected::FencingToken),
+        ("3 +0.000001s refused w1 busy", Expected::Refusal),
+        ("3 +0.000001s acquire w11", Expected::Key),
         ("3 +0.000001s try_acquire", Expected::Key),
         ("3 +0.000001s shutdown now", Expected::EndOfLine),
-        ("3 +0.000001s release w0v1 \"k\"", Expected::EndOfLine),
-        ("3 +0.000001s grant w0v1 2 # second", Expected::EndOfLine),
-        (
-            "3 +0.000001s refused w0v1 unknown extra",
-            Expected::EndOfLine,
-        ),
+        ("3 +0.000001s release w1 \"k\"", Expected::EndOfLine),
+        ("3 +0.000001s grant w1 2 # second", Expected::EndOfLine),
+        ("3 +0.000001s refused w1 unknown extra", Expected::EndOfLine),
     ];
     for (bad_line, what) in cases {
         let error = error_for_line_five(bad_line);
@@ -290,7 +289,7 @@ fn each_malformed_field_is_rejected_with_what_was_expected() {
 
 #[test]
 fn an_unknown_event_is_rejected_with_its_line() {
-    let error = error_for_line_five("3 +0.000001s steal w0v1");
+    let error = error_for_line_five("3 +0.000001s steal w1");
     assert!(matches!(&error, TraceError::UnknownEvent { line: 5, found } if found == "steal"));
     assert!(
         error
@@ -319,17 +318,17 @@ fn a_key_the_codec_cannot_read_is_rejected_with_its_line() {
             },
         ),
         (
-            "3 +0.000001s acquire w1v1 \"a\\qb\"",
+            "3 +0.000001s acquire w11 \"a\\qb\"",
             StringKeyError::UnknownEscape { found: "q".into() },
         ),
         (
-            "3 +0.000001s acquire w1v1 \"\\u{110000}\"",
+            "3 +0.000001s acquire w11 \"\\u{110000}\"",
             StringKeyError::BadUnicodeEscape {
                 found: "u{110000}\"".into(),
             },
         ),
         (
-            "3 +0.000001s acquire w1v1 \"tab\there\"",
+            "3 +0.000001s acquire w11 \"tab\there\"",
             StringKeyError::RawControlCharacter { found: '\t' },
         ),
     ];
@@ -425,14 +424,32 @@ fn time_going_backwards_is_rejected_with_its_line() {
 }
 
 #[test]
+fn a_version_1_trace_is_rejected_with_what_changed() {
+    let error = parse_trace::<u8, _>(
+        "# keyed-locks trace v1\n1 +0.000000s acquire w1v1 7\n",
+        &IntegerKeys,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(error, TraceError::UnsupportedVersion { line: 1, ref found } if found == "v1")
+    );
+    assert_eq!(
+        error.to_string(),
+        "line 1: trace version \"v1\" names waiters by storage slot (w3v1), which the table no \
+         longer uses; this parser reads v2 (waiters numbered in order of arrival, w17): record \
+         the trace again"
+    );
+}
+
+#[test]
 fn headers_and_dropped_lines_are_checked() {
     let parse = |trace: &str| parse_trace::<u8, _>(trace, &IntegerKeys).unwrap_err();
     assert!(matches!(
-        parse("# keyed-locks trace v2\n"),
+        parse("# keyed-locks trace v3\n"),
         TraceError::UnsupportedVersion { line: 1, .. }
     ));
     assert!(matches!(
-        parse("\n# keyed-locks trace v1\n"),
+        parse("\n# keyed-locks trace v2\n"),
         TraceError::MisplacedHeader { line: 2 }
     ));
     assert!(matches!(
@@ -485,8 +502,7 @@ fn the_string_codec_escapes_what_would_break_a_line() {
 }
 
 fn any_waiter() -> impl Strategy<Value = WaiterId> {
-    (0u32..1_000, 0u32..1_000)
-        .prop_map(|(slot, half_generation)| waiter(&format!("w{slot}v{}", 2 * half_generation + 1)))
+    (1u64..=u64::MAX).prop_map(|arrival| WaiterId::new(arrival).expect("arrivals count from 1"))
 }
 
 /// Any string, control characters included (`any::<String>()` leaves them out).

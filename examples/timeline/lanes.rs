@@ -302,12 +302,12 @@ mod tests {
     #[test]
     fn a_wait_runs_from_arrival_to_grant_and_a_hold_from_grant_to_release() {
         let timeline = timeline(
-            "1 +0.000000s acquire w1v1 42\n\
-             2 +0.000000s grant w1v1 1\n\
-             3 +0.010000s acquire w2v1 42\n\
-             4 +0.500000s release w1v1\n\
-             5 +0.500000s grant w2v1 2\n\
-             6 +1.000000s release w2v1\n",
+            "1 +0.000000s acquire w1 42\n\
+             2 +0.000000s grant w1 1\n\
+             3 +0.010000s acquire w2 42\n\
+             4 +0.500000s release w1\n\
+             5 +0.500000s grant w2 2\n\
+             6 +1.000000s release w2\n",
         );
         assert_eq!(timeline.lanes.len(), 1);
         let lane = &timeline.lanes[0];
@@ -330,13 +330,13 @@ mod tests {
     #[test]
     fn a_cancelled_wait_ends_at_the_cancel_and_a_refused_cancel_ends_nothing() {
         let timeline = timeline(
-            "1 +0.000000s acquire w1v1 7\n\
-             2 +0.000000s grant w1v1 1\n\
-             3 +0.000000s acquire w2v1 7\n\
-             4 +0.000000s cancel w1v1\n\
-             5 +0.000000s refused w1v1 not_waiting\n\
-             6 +0.000000s cancel w2v1\n\
-             7 +0.000000s release w1v1\n",
+            "1 +0.000000s acquire w1 7\n\
+             2 +0.000000s grant w1 1\n\
+             3 +0.000000s acquire w2 7\n\
+             4 +0.000000s cancel w1\n\
+             5 +0.000000s refused w1 not_waiting\n\
+             6 +0.000000s cancel w2\n\
+             7 +0.000000s release w1\n",
         );
         let lane = &timeline.lanes[0];
         assert_eq!(shape(&lane.holds), [(HOLD_1, 2, 7, Ending::Released)]);
@@ -349,11 +349,11 @@ mod tests {
     #[test]
     fn shutdown_ends_holds_and_closes_waits() {
         let timeline = timeline(
-            "1 +0.000000s acquire w1v1 7\n\
-             2 +0.000000s grant w1v1 1\n\
-             3 +0.000000s acquire w2v1 7\n\
+            "1 +0.000000s acquire w1 7\n\
+             2 +0.000000s grant w1 1\n\
+             3 +0.000000s acquire w2 7\n\
              4 +0.000000s shutdown\n\
-             5 +0.000000s closed w2v1\n",
+             5 +0.000000s closed w2\n",
         );
         let lane = &timeline.lanes[0];
         assert_eq!(shape(&lane.holds), [(HOLD_1, 2, 4, Ending::Shutdown)]);
@@ -368,7 +368,7 @@ mod tests {
     fn a_try_acquire_grant_holds_its_key_without_waiting_and_would_block_draws_nothing() {
         let timeline = timeline(
             "1 +0.000000s try_acquire 3\n\
-             2 +0.000000s grant w1v1 1\n\
+             2 +0.000000s grant w1 1\n\
              3 +0.000000s try_acquire 3\n\
              4 +0.000000s would_block 3\n",
         );
@@ -383,12 +383,12 @@ mod tests {
     #[test]
     fn overlapping_waits_go_on_separate_rows_and_later_ones_reuse_free_rows() {
         let timeline = timeline(
-            "1 +0.000000s acquire w1v1 5\n\
-             2 +0.000000s grant w1v1 1\n\
-             3 +0.000000s acquire w2v1 5\n\
-             4 +0.000000s acquire w3v1 5\n\
-             5 +0.000000s cancel w2v1\n\
-             6 +0.000000s acquire w4v1 5\n",
+            "1 +0.000000s acquire w1 5\n\
+             2 +0.000000s grant w1 1\n\
+             3 +0.000000s acquire w2 5\n\
+             4 +0.000000s acquire w3 5\n\
+             5 +0.000000s cancel w2\n\
+             6 +0.000000s acquire w4 5\n",
         );
         let rows: Vec<Vec<u64>> = timeline.lanes[0]
             .wait_rows
@@ -401,10 +401,10 @@ mod tests {
     #[test]
     fn keys_get_lanes_in_order_of_first_appearance() {
         let timeline = timeline(
-            "1 +0.000000s acquire w1v1 9\n\
-             2 +0.000000s grant w1v1 1\n\
-             3 +0.000000s acquire w2v1 2\n\
-             4 +0.000000s grant w2v1 2\n",
+            "1 +0.000000s acquire w1 9\n\
+             2 +0.000000s grant w1 1\n\
+             3 +0.000000s acquire w2 2\n\
+             4 +0.000000s grant w2 2\n",
         );
         let keys: Vec<&str> = timeline
             .lanes

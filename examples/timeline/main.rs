@@ -269,18 +269,18 @@ mod tests {
 
     #[test]
     fn string_and_integer_keys_are_detected() {
-        let strings = load("1 +0.000000s acquire w1v1 \"user:42\"\n", Keys::Detect).unwrap();
+        let strings = load("1 +0.000000s acquire w1 \"user:42\"\n", Keys::Detect).unwrap();
         assert_eq!(strings.lanes[0].key, "\"user:42\"");
-        let integers = load("1 +0.000000s acquire w1v1 42\n", Keys::Detect).unwrap();
+        let integers = load("1 +0.000000s acquire w1 42\n", Keys::Detect).unwrap();
         assert_eq!(integers.lanes[0].key, "42");
     }
 
     #[test]
     fn a_malformed_trace_is_reported_at_the_line_that_is_wrong() {
-        let integer_trace = "1 +0.000000s acquire w1v1 42\n2 +0.000000s acquire w2v1 4x2\n";
+        let integer_trace = "1 +0.000000s acquire w1 42\n2 +0.000000s acquire w2 4x2\n";
         let error = load(integer_trace, Keys::Detect).unwrap_err();
         assert_eq!(error.line(), 2, "{error}");
-        let error = load("1 +0.000000s explode w1v1\n", Keys::Detect).unwrap_err();
+        let error = load("1 +0.000000s explode w1\n", Keys::Detect).unwrap_err();
         assert!(
             error.to_string().starts_with("line 1: unknown event"),
             "{error}"
@@ -292,9 +292,9 @@ mod tests {
         let far = u64::MAX - 3;
         let trace = format!(
             "# dropped {far}\n\
-             {} +18446744073709.551615s acquire w1v1 1\n\
-             {} +18446744073709.551615s grant w1v1 1\n\
-             {} +18446744073709.551615s release w9v1\n",
+             {} +18446744073709.551615s acquire w1 1\n\
+             {} +18446744073709.551615s grant w1 1\n\
+             {} +18446744073709.551615s release w9\n",
             far + 1,
             far + 2,
             far + 3

@@ -141,18 +141,18 @@ mod tests {
 
     #[test]
     fn text_shows_holds_with_tokens_waits_and_how_each_ended() {
-        let trace = "1 +0.000000s acquire w1v1 7\n\
-                     2 +0.000000s grant w1v1 1\n\
-                     3 +0.000000s acquire w2v1 7\n\
-                     4 +0.000000s acquire w3v1 7\n\
-                     5 +0.000000s cancel w2v1\n\
-                     6 +0.000000s release w1v1\n\
-                     7 +0.000000s grant w3v1 2\n\
-                     8 +0.000000s acquire w4v1 7\n\
+        let trace = "1 +0.000000s acquire w1 7\n\
+                     2 +0.000000s grant w1 1\n\
+                     3 +0.000000s acquire w2 7\n\
+                     4 +0.000000s acquire w3 7\n\
+                     5 +0.000000s cancel w2\n\
+                     6 +0.000000s release w1\n\
+                     7 +0.000000s grant w3 2\n\
+                     8 +0.000000s acquire w4 7\n\
                      9 +0.000000s shutdown\n\
-                     10 +0.000000s closed w4v1\n\
+                     10 +0.000000s closed w4\n\
                      11 +0.000000s try_acquire 8\n\
-                     12 +0.000000s grant w1v3 3\n";
+                     12 +0.000000s grant w5 3\n";
         let journal = parse_trace::<u64, _>(trace, &IntegerKeys).unwrap();
         let timeline = timeline_of(&journal, u64::to_string);
         let scale = Scale::of(&timeline, Axis::Sequence);

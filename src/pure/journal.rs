@@ -10,15 +10,14 @@
 //! result when a journal is on. The registry actor and the replayer both use it, so what is
 //! recorded in production and what is recomputed in a replay come from the same code.
 //!
-//! Waiters are named by their [`WaiterId`], written `w3v1` (slot 3, generation 1). The table
-//! hands out ids deterministically, so a replay of the same inputs reproduces the same ids.
+//! Waiters are named by their [`WaiterId`], written `w17` for the table's 17th acquirer. The
+//! table numbers acquirers in order of arrival, so a replay of the same inputs reproduces the
+//! same ids.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::hash::Hash;
 use std::time::Duration;
-
-use slotmap::{Key, KeyData};
 
 use crate::table::{Acquired, Grant, LockTable, WaiterError, WaiterId, WouldBlock};
 
@@ -370,26 +369,19 @@ fn refused<K>(waiter: WaiterId, error: WaiterError) -> JournalEvent<K> {
     }
 }
 
-/// A waiter id as journals and traces write it: `w<slot>v<generation>`.
+/// A waiter id as journals and traces write it: `w` and its arrival number (`w17`).
 pub fn format_waiter(waiter: WaiterId) -> String {
-    let ffi = waiter.data().as_ffi();
-    format!("w{}v{}", ffi & 0xffff_ffff, ffi >> 32)
+    waiter.to_string()
 }
 
-/// The id that [`format_waiter`] wrote as `text`, or `None` if `text` is not one. Generations
-/// of live slotmap ids are odd, so an even generation is refused rather than silently changed.
+/// The id that [`format_waiter`] wrote as `text`, or `None` if `text` is not one. Arrival
+/// numbers start at 1, so `w0` is refused.
 pub fn parse_waiter(text: &str) -> Option<WaiterId> {
-    let (slot, generation) = text.strip_prefix('w')?.split_once('v')?;
-    if !is_decimal(slot) || !is_decimal(generation) {
+    let number = text.strip_prefix('w')?;
+    if !is_decimal(number) {
         return None;
     }
-    let (slot, generation): (u32, u32) = (slot.parse().ok()?, generation.parse().ok()?);
-    if generation % 2 == 0 {
-        return None;
-    }
-    Some(WaiterId::from(KeyData::from_ffi(
-        (u64::from(generation) << 32) | u64::from(slot),
-    )))
+    WaiterId::new(number.parse().ok()?)
 }
 
 /// Whether `text` is one or more ASCII digits and nothing else: the one spelling of a number

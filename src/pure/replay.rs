@@ -141,7 +141,7 @@ impl<K> From<ReplayError> for VerifyError<K> {
 /// use keyed_locks::trace::{IntegerKeys, parse_trace};
 ///
 /// // Only the inputs matter: the grant is recomputed.
-/// let journal = parse_trace("1 +0.000000s acquire w1v1 7\n", &IntegerKeys).unwrap();
+/// let journal = parse_trace("1 +0.000000s acquire w1 7\n", &IntegerKeys).unwrap();
 /// let replayed = replay::<u8>(&journal).unwrap();
 /// assert!(matches!(replayed[1].event, JournalEvent::Grant { fencing_token: 1, .. }));
 /// ```
@@ -201,7 +201,7 @@ where
 /// use keyed_locks::replay::{first_divergence, replay};
 /// use keyed_locks::trace::{StringKeys, parse_trace};
 ///
-/// let trace = "1 +0.000000s try_acquire \"k\"\n2 +0.000000s grant w1v1 9\n";
+/// let trace = "1 +0.000000s try_acquire \"k\"\n2 +0.000000s grant w1 9\n";
 /// let recorded = parse_trace(trace, &StringKeys).unwrap();
 /// let replayed = replay(&recorded).unwrap();
 /// let divergence = first_divergence(&recorded.entries, &replayed).unwrap();
@@ -247,17 +247,17 @@ where
 /// use keyed_locks::trace::{StringKeys, parse_trace};
 ///
 /// let trace = "\
-/// 1 +0.000000s acquire w1v1 \"k\"
-/// 2 +0.000000s grant w1v1 1
-/// 3 +0.000100s release w2v1
-/// 4 +0.000100s grant w2v1 2
+/// 1 +0.000000s acquire w1 \"k\"
+/// 2 +0.000000s grant w1 1
+/// 3 +0.000100s release w2
+/// 4 +0.000100s grant w2 2
 /// ";
 /// let journal = parse_trace(trace, &StringKeys).unwrap();
 /// let Err(VerifyError::Diverged(divergence)) = verify(&journal) else { panic!() };
 /// assert_eq!(
 ///     divergence.to_string(),
-///     "replay diverges at seq 4: expected `4 +0.000100s grant w2v1 2`, \
-///      got `4 +0.000100s refused w2v1 unknown`"
+///     "replay diverges at seq 4: expected `4 +0.000100s grant w2 2`, \
+///      got `4 +0.000100s refused w2 unknown`"
 /// );
 /// ```
 pub fn verify<K>(journal: &Journal<K>) -> Result<(), VerifyError<K>>

@@ -2,8 +2,9 @@
 //!
 //! [`LockTable`] knows nothing of tokio, channels or clocks. It maps each key to an entry
 //! (holder count, live waiter count, FIFO queue of waiter ids) and keeps one record per
-//! acquirer in a [`SlotMap`], so a waiter can be found, cancelled or released in O(1) by its
-//! [`WaiterId`]. Its inputs are [`acquire`](LockTable::acquire),
+//! acquirer, found by its [`WaiterId`] in O(1), so a waiter can be cancelled or released
+//! without a search. The table numbers acquirers in order of arrival, so the same inputs always
+//! give the same ids. Its inputs are [`acquire`](LockTable::acquire),
 //! [`try_acquire`](LockTable::try_acquire), [`release`](LockTable::release),
 //! [`cancel`](LockTable::cancel) and [`shutdown`](LockTable::shutdown); its outputs are the
 //! [`Grant`]s they cause. The same inputs always give the same grants and the same fencing
@@ -34,7 +35,7 @@
 //! 3. **Mutual exclusion.** `entry.holders <= 1`.
 //! 4. **Queue.** Each waiting record of `k` appears exactly once in `k`'s queue. Other ids in
 //!    the queue are *tombstones* of cancelled waiters, skipped when granting; they are never
-//!    live again, because slotmap ids carry a generation.
+//!    live again, because the table never issues an id twice.
 //! 5. **No idle waiters.** If `entry.waiters > 0` then `entry.holders > 0`: a free key with a
 //!    queue would be a stuck key.
 //! 6. **Bounded tombstones.** `queue.len() <= 2 * entry.waiters + TOMBSTONE_SLACK`, so a
@@ -43,22 +44,59 @@
 //!    of waiting records.
 //! 8. **Fencing.** Every holder's token is below `next_fencing_token`, and tokens are handed
 //!    out in strictly increasing order starting at 1.
+//! 9. **Records.** The record store keeps its own invariants (`table/records.rs`): its memory
+//!    follows the live records, not the number of arrivals.
 
 use std::collections::{HashMap, VecDeque, hash_map};
 use std::fmt;
 use std::hash::Hash;
-
-use slotmap::{SlotMap, new_key_type};
+use std::num::NonZeroU64;
 
 use crate::stats::RegistryStats;
 
-new_key_type! {
-    /// Identifies one acquirer, from arrival until release or cancellation.
+mod records;
+use records::Records;
+
+/// Identifies one acquirer, from arrival until release or cancellation.
+///
+/// The table numbers acquirers 1, 2, 3, ... in order of arrival: every
+/// [`acquire`](LockTable::acquire), and every [`try_acquire`](LockTable::try_acquire) that is
+/// granted, takes the next number. A number is never issued twice, so a late release or cancel
+/// of an old id cannot touch a newer acquirer. Journals and traces write an id as `w` and its
+/// number (`w17`).
+///
+/// The numbering is part of the table's contract (traces depend on it) and does not change
+/// without a new trace format version.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WaiterId(NonZeroU64);
+
+impl WaiterId {
+    /// The id of the `arrival`-th acquirer of a table, counting from 1; `None` for 0.
     ///
-    /// Ids carry a generation: an id whose record was removed is not valid again when its slot
-    /// is reused (until the slot's 32-bit generation wraps, after 2^31 reuses of that one slot),
-    /// so a late release or cancel cannot touch a newer acquirer.
-    pub struct WaiterId;
+    /// Useful to name a waiter in a test or a replay; the table itself issues the ids.
+    pub const fn new(arrival: u64) -> Option<Self> {
+        match NonZeroU64::new(arrival) {
+            Some(number) => Some(WaiterId(number)),
+            None => None,
+        }
+    }
+
+    /// The acquirer's place in the table's order of arrival, counting from 1.
+    pub const fn arrival(self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl fmt::Display for WaiterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "w{}", self.0)
+    }
+}
+
+impl fmt::Debug for WaiterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }
 
 /// Tombstones tolerated in a queue beyond its live waiters before it is compacted
@@ -71,7 +109,7 @@ pub struct LockTable<K, D> {
     /// speed for resistance to chosen keys (`docs/performance-log.md` has the profile that
     /// led to the switch).
     entries: HashMap<K, Entry, foldhash::fast::RandomState>,
-    records: SlotMap<WaiterId, Record<K, D>>,
+    records: Records<Record<K, D>>,
     next_fencing_token: u64,
     /// Entries with a holder (invariant 7).
     held_keys: usize,
@@ -234,7 +272,7 @@ where
     pub fn new() -> Self {
         LockTable {
             entries: HashMap::default(),
-            records: SlotMap::with_key(),
+            records: Records::new(),
             next_fencing_token: 1,
             held_keys: 0,
             waiting: 0,
@@ -379,13 +417,14 @@ where
         Ok((key, delivery))
     }
 
-    /// Empties the table: every waiter is withdrawn and returned with its delivery (in no
-    /// particular order), every hold is forgotten, and later releases of old ids return
-    /// [`WaiterError::Unknown`]. Fencing tokens keep increasing afterwards.
+    /// Empties the table: every waiter is withdrawn and returned with its delivery, in order of
+    /// arrival; every hold is forgotten, and later releases of old ids return
+    /// [`WaiterError::Unknown`]. Fencing tokens and waiter ids keep increasing afterwards.
     pub fn shutdown(&mut self) -> Vec<(WaiterId, D)> {
         let waiters = self
             .records
             .drain()
+            .into_iter()
             .filter_map(|(waiter_id, record)| match record.state {
                 RecordState::Waiting(delivery) => Some((waiter_id, delivery)),
                 RecordState::Holding { .. } => None,
@@ -441,9 +480,12 @@ where
     /// The first broken invariant found.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         let broken = |invariant: u8, detail: String| Err(InvariantViolation { invariant, detail });
+        if let Err(detail) = self.records.check() {
+            return broken(9, detail);
+        }
         let mut holding_of: HashMap<&K, u32> = HashMap::new();
         let mut waiting_of: HashMap<&K, u32> = HashMap::new();
-        for (waiter_id, record) in &self.records {
+        for (waiter_id, record) in self.records.iter() {
             if !self.entries.contains_key(&record.key) {
                 return broken(1, format!("record {waiter_id:?} has no entry"));
             }
@@ -531,7 +573,7 @@ where
 /// entry map while the records change.
 fn hold_new_entry<K: Clone, D>(
     vacant: hash_map::VacantEntry<'_, K, Entry>,
-    records: &mut SlotMap<WaiterId, Record<K, D>>,
+    records: &mut Records<Record<K, D>>,
     next_fencing_token: &mut u64,
 ) -> (WaiterId, u64) {
     let fencing_token = next_token(next_fencing_token);
@@ -549,16 +591,16 @@ fn hold_new_entry<K: Clone, D>(
 
 /// Drops the tombstones from `entry`'s queue once they outnumber its live waiters by more
 /// than the slack (invariant 6). Amortized O(1) per cancel or grant.
-fn compact_queue<K, D>(entry: &mut Entry, records: &SlotMap<WaiterId, Record<K, D>>) {
+fn compact_queue<K, D>(entry: &mut Entry, records: &Records<Record<K, D>>) {
     if entry.queue.len() > 2 * entry.waiters as usize + TOMBSTONE_SLACK {
-        entry.queue.retain(|id| records.contains_key(*id));
+        entry.queue.retain(|id| records.contains(*id));
     }
 }
 
 /// Grants a free `entry` to its first live waiter, dropping tombstones on the way.
 fn grant_next<K, D>(
     entry: &mut Entry,
-    records: &mut SlotMap<WaiterId, Record<K, D>>,
+    records: &mut Records<Record<K, D>>,
     next_fencing_token: &mut u64,
     waiting: &mut usize,
 ) -> Option<Grant<D>> {

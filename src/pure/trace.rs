@@ -6,13 +6,13 @@
 //! `String`, or one of your own.
 //!
 //! ```text
-//! # keyed-locks trace v1
+//! # keyed-locks trace v2
 //! # dropped 0
-//! 1 +0.000000s acquire w1v1 "user:42"
-//! 2 +0.000000s grant w1v1 1
-//! 3 +0.000850s acquire w2v1 "user:42"
-//! 4 +0.004113s release w1v1
-//! 5 +0.004113s grant w2v1 2
+//! 1 +0.000000s acquire w1 "user:42"
+//! 2 +0.000000s grant w1 1
+//! 3 +0.000850s acquire w2 "user:42"
+//! 4 +0.004113s release w1
+//! 5 +0.004113s grant w2 2
 //! ```
 //!
 //! # Grammar
@@ -22,7 +22,7 @@
 //!
 //! ```text
 //! trace    = [ header ] { line } ;
-//! header   = "# keyed-locks trace v1" ;              (* only as the first line *)
+//! header   = "# keyed-locks trace v2" ;              (* only as the first line *)
 //! line     = blank | dropped | comment | event ;
 //! blank    = { " " | "\t" } ;
 //! dropped  = "# dropped " count ;                   (* at most once, before any event *)
@@ -41,14 +41,22 @@
 //!          | "closed " waiter
 //!          | "refused " waiter " " refusal ;
 //! refusal  = "unknown" | "not_holding" | "not_waiting" ;
-//! waiter   = "w" count "v" count ;                  (* slot, odd generation: w3v1 *)
+//! waiter   = "w" count ;                            (* arrival number, from 1: w17 *)
 //! key      = { any character } ;                    (* the rest of the line, read by the codec *)
 //! count    = digit { digit } ;                      (* fits a u64 *)
 //! ```
 //!
 //! A line that starts with `# dropped` is a dropped line and must be well formed; a line that
-//! starts with `# keyed-locks trace ` is a header and must name `v1`. A comment cannot follow an
+//! starts with `# keyed-locks trace ` is a header and must name `v2`. A comment cannot follow an
 //! event on the same line, because a key runs to the end of its line.
+//!
+//! # Versions
+//!
+//! - `v2`: a waiter is named by its arrival number at the table ([`WaiterId`]), and a shutdown
+//!   closes waiters in order of arrival.
+//! - `v1` named a waiter by the slot and generation of the table's former storage (`w3v1`) and
+//!   closed waiters in storage order, which the table no longer reproduces. The parser rejects
+//!   it with [`TraceError::UnsupportedVersion`]; record the trace again.
 //!
 //! # Checks
 //!
@@ -68,7 +76,7 @@ use crate::journal::{Journal, JournalEntry, JournalEvent, Refusal, format_waiter
 use crate::table::WaiterId;
 
 /// The first line [`write_trace`] writes, and the only trace version [`parse_trace`] reads.
-pub const TRACE_HEADER: &str = "# keyed-locks trace v1";
+pub const TRACE_HEADER: &str = "# keyed-locks trace v2";
 
 const HEADER_PREFIX: &str = "# keyed-locks trace ";
 const DROPPED_PREFIX: &str = "# dropped";
@@ -359,7 +367,7 @@ pub enum Expected {
     SequenceNumber,
     /// A time like `+0.004113s`.
     Time,
-    /// A waiter id like `w3v1`.
+    /// A waiter id like `w17`.
     Waiter,
     /// A fencing token.
     FencingToken,
@@ -378,7 +386,7 @@ impl fmt::Display for Expected {
         f.write_str(match self {
             Expected::SequenceNumber => "a sequence number",
             Expected::Time => "a time like +0.004113s",
-            Expected::Waiter => "a waiter like w3v1",
+            Expected::Waiter => "a waiter like w17",
             Expected::FencingToken => "a fencing token (a whole number)",
             Expected::Refusal => "a refusal reason (unknown, not_holding or not_waiting)",
             Expected::Key => "a key",
@@ -438,7 +446,7 @@ pub enum TraceError {
         /// The codec's error.
         source: Box<dyn Error + Send + Sync + 'static>,
     },
-    /// The header names a version other than `v1`.
+    /// The header names a version other than `v2`.
     UnsupportedVersion {
         /// The line.
         line: usize,
@@ -511,9 +519,14 @@ impl fmt::Display for TraceError {
                 TraceTime(*previous)
             ),
             TraceError::Key { source, .. } => write!(f, "bad key: {source}"),
+            TraceError::UnsupportedVersion { found, .. } if found == "v1" => f.write_str(
+                "trace version \"v1\" names waiters by storage slot (w3v1), which the table no \
+                 longer uses; this parser reads v2 (waiters numbered in order of arrival, w17): \
+                 record the trace again",
+            ),
             TraceError::UnsupportedVersion { found, .. } => write!(
                 f,
-                "unsupported trace version {} (this parser reads v1)",
+                "unsupported trace version {} (this parser reads v2)",
                 quoted(found)
             ),
             TraceError::MisplacedHeader { .. } => {
@@ -550,7 +563,7 @@ impl Error for TraceError {
 /// let journal = registry.journal().await?;
 ///
 /// let trace = write_trace(&journal, &IntegerKeys);
-/// assert!(trace.contains(" acquire w1v1 7\n"));
+/// assert!(trace.contains(" acquire w1 7\n"));
 /// assert_eq!(parse_trace(&trace, &IntegerKeys)?, journal);
 /// # Ok(())
 /// # }
@@ -587,7 +600,7 @@ pub fn write_trace<K, C: KeyCodec<K>>(journal: &Journal<K>, codec: &C) -> String
 /// assert_eq!(journal.entries.len(), 1);
 ///
 /// let error = parse_trace("1 +0.000000s release x\n", &StringKeys).unwrap_err();
-/// assert_eq!(error.to_string(), "line 1: expected a waiter like w3v1, found \"x\"");
+/// assert_eq!(error.to_string(), "line 1: expected a waiter like w17, found \"x\"");
 /// ```
 pub fn parse_trace<K, C: KeyCodec<K>>(text: &str, codec: &C) -> Result<Journal<K>, TraceError> {
     let mut journal = Journal::default();
@@ -600,7 +613,7 @@ pub fn parse_trace<K, C: KeyCodec<K>>(text: &str, codec: &C) -> Result<Journal<K
             continue;
         }
         if let Some(version) = text.strip_prefix(HEADER_PREFIX) {
-            if version != "v1" {
+            if version != "v2" {
                 return Err(TraceError::UnsupportedVersion {
                     line,
                     found: version.to_owned(),

@@ -339,13 +339,12 @@ impl GrantReceiver {
 mod tests {
     use std::task::Poll;
 
-    use slotmap::KeyData;
     use tokio_test::task;
 
     use super::*;
 
     fn waiter(n: u64) -> WaiterId {
-        WaiterId::from(KeyData::from_ffi(n))
+        WaiterId::new(n).expect("test ids count from 1")
     }
 
     fn granted(n: u64) -> Granted {

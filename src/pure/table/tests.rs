@@ -4,7 +4,6 @@ use std::collections::HashSet;
 
 use proptest::prelude::*;
 use proptest::sample::Index;
-use slotmap::Key as _;
 
 /// Keys and deliveries are labels, so a failing assertion names the waiter it is about.
 type Table = LockTable<&'static str, &'static str>;
@@ -34,12 +33,6 @@ fn queued<D: fmt::Debug>(acquired: Acquired<D>) -> WaiterId {
         Acquired::Queued(waiter_id) => waiter_id,
         Acquired::Granted(grant) => panic!("expected to be queued, got {grant:?}"),
     }
-}
-
-/// The slot index of an id, without its generation.
-fn slot_index(waiter_id: WaiterId) -> u32 {
-    // `as_ffi` packs the generation in the high 32 bits and the index in the low 32.
-    waiter_id.data().as_ffi() as u32
 }
 
 /// A table where `key` is held (delivery "holder") and `labels` queue behind it in order.
@@ -326,7 +319,7 @@ fn release_and_cancel_of_unknown_ids_are_refused_and_change_nothing() {
     let cancelled = waiters[1];
     table.cancel(cancelled).unwrap();
     step(&table);
-    let never_issued = WaiterId::default();
+    let never_issued = WaiterId::new(u64::MAX).unwrap();
 
     let before = table.stats();
     for unknown in [released, cancelled, never_issued] {
@@ -385,7 +378,7 @@ fn cancel_of_holder_is_not_waiting_and_changes_nothing() {
 }
 
 #[test]
-fn stale_id_never_aliases_the_acquirer_that_reuses_its_slot() {
+fn stale_id_never_aliases_a_later_acquirer() {
     let mut table = Table::new();
     let mut grants = Vec::new();
     let stale = granted(table.acquire("a", "stale")).waiter_id;
@@ -394,12 +387,7 @@ fn stale_id_never_aliases_the_acquirer_that_reuses_its_slot() {
     step(&table);
     let fresh = granted(table.acquire("b", "fresh"));
     step(&table);
-    assert_eq!(
-        slot_index(fresh.waiter_id),
-        slot_index(stale),
-        "this test needs the slot to be reused"
-    );
-    assert_ne!(fresh.waiter_id, stale);
+    assert_eq!(fresh.waiter_id.arrival(), stale.arrival() + 1);
 
     let before = table.stats();
     assert_eq!(
@@ -419,18 +407,14 @@ fn stale_id_never_aliases_the_acquirer_that_reuses_its_slot() {
 }
 
 #[test]
-fn tombstone_whose_slot_is_reused_is_skipped() {
+fn tombstone_is_skipped_and_a_later_waiter_behind_it_is_granted() {
     let (mut table, holder, waiters) = held_with_waiters("a", &["cancelled"]);
     table.cancel(waiters[0]).unwrap();
     step(&table);
-    // The next waiter on the same key reuses the cancelled waiter's slot, behind its tombstone.
+    // The next waiter on the same key queues behind the cancelled waiter's tombstone.
     let reuser = queued(table.acquire("a", "reuser"));
     step(&table);
-    assert_eq!(
-        slot_index(reuser),
-        slot_index(waiters[0]),
-        "this test needs the slot to be reused"
-    );
+    assert_ne!(reuser, waiters[0]);
 
     let mut grants = Vec::new();
     table.release(holder, &mut grants).unwrap();
@@ -1031,4 +1015,44 @@ proptest! {
         }
         prop_assert_eq!(table.stats().keys, 0);
     }
+}
+
+#[test]
+fn ids_number_the_acquirers_in_order_of_arrival() {
+    let mut table = Table::new();
+    let first = granted(table.acquire("a", "first")).waiter_id;
+    assert_eq!(table.try_acquire("a"), Err(WouldBlock), "takes no number");
+    let second = granted(table.acquire("b", "second")).waiter_id;
+    let third = queued(table.acquire("a", "third"));
+    let fourth = table.try_acquire("c").unwrap().waiter_id;
+    step(&table);
+    let arrivals = [first, second, third, fourth].map(WaiterId::arrival);
+    assert_eq!(arrivals, [1, 2, 3, 4]);
+    assert_eq!(first.to_string(), "w1");
+    assert_eq!(format!("{fourth:?}"), "w4");
+    assert_eq!(WaiterId::new(3), Some(third));
+    assert_eq!(WaiterId::new(0), None);
+}
+
+#[test]
+fn shutdown_closes_waiters_in_order_of_arrival_across_keys() {
+    let mut table = Table::new();
+    granted(table.acquire("a", "holder a"));
+    granted(table.acquire("b", "holder b"));
+    // Arrivals alternate between the keys, so neither key order nor queue order gives this.
+    let labels = ["b1", "a1", "b2", "a2", "b3"];
+    let waiters: Vec<WaiterId> = labels
+        .iter()
+        .map(|label| queued(table.acquire(&label[..1], label)))
+        .collect();
+    table.cancel(waiters[2]).unwrap();
+    step(&table);
+    let closed = table.shutdown();
+    step(&table);
+    let expected: Vec<(WaiterId, &str)> = [0, 1, 3, 4]
+        .into_iter()
+        .map(|index| (waiters[index], labels[index]))
+        .collect();
+    assert_eq!(closed, expected);
+    assert_eq!(table.stats().keys, 0);
 }
