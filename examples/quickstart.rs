@@ -44,12 +44,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let registry = builder.spawn();
 
-    let first = tokio::spawn(process(registry.clone(), 42));
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let second = tokio::spawn(process(registry.clone(), 42));
-
-    first.await??;
-    second.await??;
+    // The seed's `asyncio.gather`: both requests run concurrently, the second starting 10 ms
+    // after the first, and the lock makes the second wait for the first to finish.
+    futures::future::try_join(process(registry.clone(), 42), async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        process(registry.clone(), 42).await
+    })
+    .await?;
     println!(
         "Remaining locks in memory: {}",
         registry.stats().await?.keys
