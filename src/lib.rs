@@ -66,6 +66,22 @@
 //!   crate does 1.3× (one key, many tasks) to 1.6× (many keys, many tasks) more lock/unlock
 //!   pairs per second. The README has the figures and the commands that measure them.
 
+//! # Stability and supported versions
+//!
+//! Everything public follows semver: the handle, the guard, the errors, the kameo
+//! [`messages`], and the pure core ([`table`], [`journal`], [`trace`], [`replay`]), which is
+//! public because replaying and model-testing the table are features. The core's types are
+//! the crate's own: a [`table::WaiterId`] is the acquirer's arrival number at its table,
+//! not a storage detail, so traces stay valid whatever the table stores records in. The trace
+//! format carries a version in its header; the parser reads its own version and rejects
+//! others with a message saying what changed.
+//!
+//! kameo's `ActorRef<RegistryActor<K>>` is part of the API ([`LockRegistry::actor_ref`],
+//! [`messages`]), and kameo is not 1.0 yet: this crate supports one kameo minor series at a
+//! time, today 0.22 (0.22.0 and later patches). Moving to a new kameo minor series is a
+//! breaking release of this crate. tokio 1.47 or later is required (kameo 0.22's own floor),
+//! and Rust 1.88 or later.
+
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![deny(unused_must_use)]
