@@ -94,6 +94,18 @@
 // - the public face, at the top: the handle, the guard, the messages, the errors.
 mod pure;
 mod runtime;
+// Cluster mode (the `postgres` feature): leases per key in a PostgreSQL table. Crate-private
+// until the registry that uses it is written.
+#[cfg(feature = "postgres")]
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        unused_imports,
+        reason = "the cluster registry that will use the lease store is not written yet"
+    )
+)]
+mod cluster;
 
 mod error;
 mod guard;

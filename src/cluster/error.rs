@@ -1,0 +1,208 @@
+//! The errors of cluster mode: [`ClusterError`] for connecting a lease store (it will be
+//! public), [`LeaseError`] for one failed lease statement (internal).
+
+use std::error::Error;
+use std::fmt;
+use std::time::Duration;
+
+use super::lease_store::MAX_KEY_BYTES;
+
+/// The cause behind a [`ClusterError`], boxed so that the public type does not name
+/// tokio-postgres' error type (a tokio-postgres upgrade stays out of our API).
+pub(crate) type BoxError = Box<dyn Error + Send + Sync + 'static>;
+
+/// Why a lease store could not be connected.
+#[derive(Debug)]
+#[non_exhaustive]
+pub(crate) enum ClusterError {
+    /// The database URL is not a PostgreSQL connection string.
+    BadUrl {
+        /// The parser's complaint.
+        source: BoxError,
+    },
+    /// No connection could be made to the server (refused, no route, unknown host).
+    Unreachable {
+        /// The server's hosts and ports, as the URL names them (never its password).
+        server: String,
+        /// The socket error.
+        source: BoxError,
+    },
+    /// The server did not answer within the connect timeout, while connecting or while the
+    /// table was being set up.
+    ConnectTimeout {
+        /// The server's hosts and ports.
+        server: String,
+        /// The timeout that ran out.
+        after: Duration,
+    },
+    /// The table prefix is not a plain SQL identifier, so the table name cannot be written
+    /// into SQL safely.
+    BadTablePrefix {
+        /// The prefix as given.
+        prefix: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The role lacks a privilege the store needs on its table (or on the schema, to create it).
+    MissingPermission {
+        /// The lease table's name.
+        table: String,
+        /// The server's refusal.
+        source: BoxError,
+    },
+    /// The lease cannot outlast a missed heartbeat: it must last at least three heartbeats,
+    /// and a heartbeat (which is also the statement timeout) must be at least
+    /// `MIN_HEARTBEAT`.
+    LeaseTooShort {
+        /// The lease asked for.
+        lease: Duration,
+        /// The heartbeat asked for.
+        heartbeat: Duration,
+    },
+    /// The lease is longer than `MAX_LEASE`: a holder that dies would block its keys that long.
+    LeaseTooLong {
+        /// The lease asked for.
+        lease: Duration,
+        /// The longest lease accepted.
+        max: Duration,
+    },
+    /// Any other failure of the server: authentication, a missing database, a table of another
+    /// shape, a read-only server.
+    Database {
+        /// What the store was doing, e.g. `creating table "keyed_locks_leases"`.
+        action: String,
+        /// The server's error.
+        source: BoxError,
+    },
+}
+
+impl fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClusterError::BadUrl { .. } => f.write_str("the database URL is not valid"),
+            ClusterError::Unreachable { server, .. } => {
+                write!(f, "cannot reach the postgresql server at {server}")
+            }
+            ClusterError::ConnectTimeout { server, after } => {
+                write!(
+                    f,
+                    "no answer from the postgresql server at {server} within {after:?}"
+                )
+            }
+            ClusterError::BadTablePrefix { prefix, reason } => {
+                write!(f, "bad table prefix {prefix:?}: {reason}")
+            }
+            ClusterError::MissingPermission { table, .. } => {
+                write!(
+                    f,
+                    "missing permission to create, read or write table {table:?}"
+                )
+            }
+            ClusterError::LeaseTooShort { lease, heartbeat } => write!(
+                f,
+                "a lease of {lease:?} with a heartbeat every {heartbeat:?} is too short: \
+                 the lease must last at least 3 heartbeats, and a heartbeat at least {:?}",
+                super::config::MIN_HEARTBEAT
+            ),
+            ClusterError::LeaseTooLong { lease, max } => {
+                write!(
+                    f,
+                    "a lease of {lease:?} is longer than the maximum, {max:?}"
+                )
+            }
+            ClusterError::Database { action, .. } => {
+                write!(f, "the postgresql server failed while {action}")
+            }
+        }
+    }
+}
+
+impl Error for ClusterError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            ClusterError::BadUrl { source }
+            | ClusterError::Unreachable { source, .. }
+            | ClusterError::MissingPermission { source, .. }
+            | ClusterError::Database { source, .. } => Some(&**source),
+            ClusterError::ConnectTimeout { .. }
+            | ClusterError::BadTablePrefix { .. }
+            | ClusterError::LeaseTooShort { .. }
+            | ClusterError::LeaseTooLong { .. } => None,
+        }
+    }
+}
+
+/// Why one lease statement failed.
+///
+/// After [`ConnectionLost`](LeaseError::ConnectionLost) or [`Timeout`](LeaseError::Timeout)
+/// the statement may or may not have been applied: the server can run it after the reply is
+/// lost. The fence makes that harmless (see the `lease_store` module).
+#[derive(Debug)]
+pub(crate) enum LeaseError {
+    /// The key is longer than [`MAX_KEY_BYTES`]; nothing was sent.
+    KeyTooLong {
+        /// The key's length in bytes.
+        bytes: usize,
+    },
+    /// The statement connection is down and the last reconnection failed; the next one is
+    /// tried by the first call after `retry_in`. Nothing was sent.
+    Reconnecting {
+        /// How long until a call reconnects.
+        retry_in: Duration,
+    },
+    /// The statement connection was down and reconnecting failed. Nothing was sent.
+    Reconnect(ClusterError),
+    /// The connection was lost during the statement; the next call reconnects.
+    ConnectionLost(tokio_postgres::Error),
+    /// No reply within the statement timeout (the heartbeat); the connection was dropped and
+    /// the next call reconnects.
+    Timeout {
+        /// The statement timeout.
+        after: Duration,
+    },
+    /// The server refused or failed the statement; the connection is fine.
+    Statement(tokio_postgres::Error),
+    /// The table returned a fence below 1, which no statement of ours writes.
+    BadFence(i64),
+}
+
+impl fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaseError::KeyTooLong { bytes } => {
+                write!(
+                    f,
+                    "a key of {bytes} bytes is longer than the maximum, {MAX_KEY_BYTES}"
+                )
+            }
+            LeaseError::Reconnecting { retry_in } => write!(
+                f,
+                "the lease store is disconnected; it reconnects on a call in {retry_in:?}"
+            ),
+            LeaseError::Reconnect(_) => f.write_str("the lease store could not reconnect"),
+            LeaseError::ConnectionLost(_) => {
+                f.write_str("the lease store's connection was lost during the statement")
+            }
+            LeaseError::Timeout { after } => {
+                write!(f, "the lease statement got no reply within {after:?}")
+            }
+            LeaseError::Statement(_) => f.write_str("the lease statement failed"),
+            LeaseError::BadFence(fence) => {
+                write!(f, "the lease table holds fence {fence}, below 1")
+            }
+        }
+    }
+}
+
+impl Error for LeaseError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            LeaseError::Reconnect(source) => Some(source),
+            LeaseError::ConnectionLost(source) | LeaseError::Statement(source) => Some(source),
+            LeaseError::KeyTooLong { .. }
+            | LeaseError::Reconnecting { .. }
+            | LeaseError::Timeout { .. }
+            | LeaseError::BadFence(_) => None,
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The statement connection: one client shared by every call (tokio-postgres pipelines
+//! concurrent statements on one connection), its I/O driven by a task of its own, and made
+//! again by the first call after it is lost.
+//!
+//! # Why reconnect on a call, and fail the call that finds the loss
+//!
+//! A store that stayed dead after one network blip would turn a second of outage into a process
+//! restart; a store that retried statements itself would hide from its caller that a statement
+//! may have been applied without a reply. So:
+//!
+//! - a call that finds the connection *already* known lost (its driver saw it end) reconnects
+//!   first and then runs: nothing was sent, nothing can be doubled;
+//! - a call whose statement was sent when the connection broke, or got no reply within the
+//!   statement timeout, fails with [`LeaseError::ConnectionLost`] or [`LeaseError::Timeout`]
+//!   (its caller decides whether to repeat it; every lease statement is safe to repeat), and
+//!   the connection is forgotten, so the next call reconnects;
+//! - a reconnection that fails makes calls fail at once, without a try, until a backoff
+//!   ([`Backoff`]) has passed: during an outage each caller learns of it without waiting, and
+//!   the server is not asked for a connection by every call.
+//!
+//! Reconnections are made one at a time (the state's lock is held across the attempt), so that
+//! calls arriving together share one connection instead of opening one each.
+//!
+//! The statement timeout is the heartbeat: the lease outlasts three of them, so a renewal that
+//! times out leaves time for the next one, on a new connection, before the lease runs out.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tokio_postgres::error::Severity;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row};
+
+use super::backoff::Backoff;
+use super::connection::{PgConnection, Server};
+use super::error::LeaseError;
+
+/// The statement connection, made again on the first call after it is lost.
+pub(super) struct StatementLink {
+    server: Server,
+    application_name: String,
+    statement_timeout: Duration,
+    state: Mutex<LinkState>,
+}
+
+struct LinkState {
+    connection: Option<Driven>,
+    /// With no connection: the first call at or after this instant reconnects.
+    retry_at: Instant,
+    backoff: Backoff,
+}
+
+/// A client and the task that drives its connection.
+struct Driven {
+    client: Arc<Client>,
+    driver: AbortHandle,
+}
+
+impl Driven {
+    fn spawn(client: Client, connection: PgConnection) -> Driven {
+        let driver = tokio::spawn(async move {
+            // It ends with `Ok` when every client is gone, with `Err` when the connection
+            // broke; then the client reports `is_closed`, which the next call checks.
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "lease store: statement connection lost");
+            }
+        });
+        Driven {
+            client: Arc::new(client),
+            driver: driver.abort_handle(),
+        }
+    }
+}
+
+impl StatementLink {
+    /// Takes over a connection that has just been made, and drives it; returns its client too,
+    /// for the store to set up its table before any call.
+    pub(super) fn start(
+        server: Server,
+        application_name: String,
+        statement_timeout: Duration,
+        client: Client,
+        connection: PgConnection,
+    ) -> (Self, Arc<Client>) {
+        let driven = Driven::spawn(client, connection);
+        let client = Arc::clone(&driven.client);
+        let state = LinkState {
+            connection: Some(driven),
+            retry_at: Instant::now(),
+            backoff: Backoff::default(),
+        };
+        let link = StatementLink {
+            server,
+            application_name,
+            statement_timeout,
+            state: Mutex::new(state),
+        };
+        (link, client)
+    }
+
+    /// Runs one statement with typed parameters (one round trip, no prepared statement to
+    /// keep per connection, and so nothing a connection pooler in between can lose).
+    pub(super) async fn query(
+        &self,
+        statement: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, LeaseError> {
+        let client = self.client().await?;
+        let reply = tokio::time::timeout(
+            self.statement_timeout,
+            client.query_typed(statement, params),
+        );
+        match reply.await {
+            Ok(Ok(rows)) => Ok(rows),
+            Ok(Err(error)) if connection_is_gone(&error) || client.is_closed() => {
+                self.forget(&client).await;
+                Err(LeaseError::ConnectionLost(error))
+            }
+            Ok(Err(error)) => Err(LeaseError::Statement(error)),
+            Err(_elapsed) => {
+                // A connection that stalls one statement stalls every one behind it (replies
+                // come in order): drop it, and the next call starts afresh.
+                self.forget(&client).await;
+                Err(LeaseError::Timeout {
+                    after: self.statement_timeout,
+                })
+            }
+        }
+    }
+
+    /// The live client, after reconnecting if the connection is known lost.
+    async fn client(&self) -> Result<Arc<Client>, LeaseError> {
+        let mut state = self.state.lock().await;
+        if let Some(driven) = &state.connection {
+            if !driven.client.is_closed() {
+                return Ok(Arc::clone(&driven.client));
+            }
+            // The driver saw it end: the first attempt after a loss is made at once.
+            state.connection = None;
+            state.retry_at = Instant::now();
+        }
+        let now = Instant::now();
+        if now < state.retry_at {
+            return Err(LeaseError::Reconnecting {
+                retry_in: state.retry_at - now,
+            });
+        }
+        match self.server.open(&self.application_name).await {
+            Ok((client, connection)) => {
+                tracing::debug!(server = self.server.name(), "lease store: reconnected");
+                let driven = Driven::spawn(client, connection);
+                let client = Arc::clone(&driven.client);
+                state.connection = Some(driven);
+                state.backoff.reset();
+                Ok(client)
+            }
+            Err(error) => {
+                state.retry_at = Instant::now() + state.backoff.next_delay();
+                Err(LeaseError::Reconnect(error))
+            }
+        }
+    }
+
+    /// Drops the connection of `client`, unless another call has already replaced it.
+    async fn forget(&self, client: &Arc<Client>) {
+        let mut state = self.state.lock().await;
+        if state
+            .connection
+            .as_ref()
+            .is_some_and(|driven| Arc::ptr_eq(&driven.client, client))
+        {
+            if let Some(driven) = state.connection.take() {
+                driven.driver.abort();
+            }
+            state.retry_at = Instant::now();
+        }
+    }
+
+    /// Whether the connection is known lost (its driver saw it end, or a call dropped it).
+    #[cfg(test)]
+    pub(super) async fn is_known_lost(&self) -> bool {
+        let state = self.state.lock().await;
+        state
+            .connection
+            .as_ref()
+            .is_none_or(|driven| driven.client.is_closed())
+    }
+}
+
+/// Whether `error` ended the connection: tokio-postgres saw it close, or the server sent a
+/// FATAL error (a terminated backend, a shutdown), after which it closes.
+fn connection_is_gone(error: &tokio_postgres::Error) -> bool {
+    error.is_closed()
+        || error.as_db_error().is_some_and(|db_error| {
+            matches!(
+                db_error.parsed_severity(),
+                Some(Severity::Fatal | Severity::Panic)
+            )
+        })
+}
+
+impl fmt::Debug for StatementLink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StatementLink")
+            .field("server", &self.server.name())
+            .field("application_name", &self.application_name)
+            .field("statement_timeout", &self.statement_timeout)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,361 @@
+//! The lease store on PostgreSQL: one table of lease rows, four statements run on a shared
+//! connection (`link`), and a connection of its own that listens for releases (`listener`).
+//!
+//! # The table
+//!
+//! `{prefix}leases (key text PRIMARY KEY, owner text, fence bigint NOT NULL, expires_at
+//! timestamptz NOT NULL)`, created if missing. Its invariants, kept by the four statements
+//! below, each one statement and so atomic:
+//!
+//! 1. A key is held by `owner` exactly while `owner IS NOT NULL AND expires_at >
+//!    clock_timestamp()`. Only the server's clock decides: the clients' clocks may disagree.
+//! 2. `fence` only grows, by one at each acquisition, and the row is never deleted (a new row
+//!    would start again at 1). So a fence names one acquisition for ever, and whoever acquires
+//!    after it gets a higher one.
+//! 3. Renew and release act only on the row of their `(key, owner, fence)`: a holder whose
+//!    lease ran out and was taken can neither extend nor end the next holder's.
+//! 4. A release announces itself (`pg_notify`) in the statement that releases: the notice is
+//!    sent exactly when the release commits.
+//!
+//! Because of invariant 2 the table keeps one row per key ever acquired.
+//!
+//! Each store is one owner: `{process id}-{64 random bits}`, so that two stores in one process
+//! exclude each other like two processes do.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::AbortHandle;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Row};
+
+use super::config::{LeaseTable, PgLeaseConfig};
+use super::entropy::random_u64;
+use super::error::{ClusterError, LeaseError};
+use super::lease_store::{Fence, LeaseStore, MAX_KEY_BYTES};
+use super::link::StatementLink;
+use super::listener;
+use super::notices::LeaseNotices;
+
+/// The lease store on a PostgreSQL table. Dropping it stops its listener and closes its
+/// connections; its leases run out unless [`release_all`](LeaseStore::release_all) ran first.
+pub(crate) struct PgLeaseStore {
+    owner: String,
+    table: LeaseTable,
+    statements: Statements,
+    lease: Duration,
+    /// The lease in whole milliseconds, as the statements take it.
+    lease_millis: i64,
+    link: StatementLink,
+    listener: AbortHandle,
+}
+
+impl PgLeaseStore {
+    /// Checks `config`, connects, creates the table if missing, checks that this role can read
+    /// and write it, and starts listening for releases.
+    ///
+    /// # Errors
+    ///
+    /// A [`ClusterError`] naming the cause: a bad URL, table prefix or lease timing (found
+    /// before connecting), an unreachable or silent server (within `connect_timeout`), a missing
+    /// permission on the table, or any other refusal by the server.
+    pub(crate) async fn connect(
+        config: &PgLeaseConfig,
+    ) -> Result<(PgLeaseStore, LeaseNotices), ClusterError> {
+        let checked = config.check()?;
+        let owner = format!("{}-{:016x}", std::process::id(), random_u64());
+        let statements = Statements::for_table(&checked.table);
+        // At most `MAX_LEASE`, a day, which fits.
+        let lease_millis = i64::try_from(checked.lease.as_millis()).unwrap_or(i64::MAX);
+
+        let server = checked.server;
+        let statements_name = format!("keyed-locks statements {owner}");
+        let (client, connection) = server.open(&statements_name).await?;
+        let (link, client) = StatementLink::start(
+            server.clone(),
+            statements_name,
+            checked.heartbeat,
+            client,
+            connection,
+        );
+        let setup = set_up_table(&client, &checked.table, &statements, &owner, lease_millis);
+        match tokio::time::timeout(server.connect_timeout(), setup).await {
+            Ok(result) => result?,
+            Err(_elapsed) => return Err(server.timed_out()),
+        }
+        drop(client);
+
+        let listener_name = format!("keyed-locks listener {owner}");
+        let (notices, listener) = listener::start(server, &checked.table, listener_name).await?;
+        let store = PgLeaseStore {
+            owner,
+            table: checked.table,
+            statements,
+            lease: checked.lease,
+            lease_millis,
+            link,
+            listener,
+        };
+        Ok((store, notices))
+    }
+
+    /// This store's owner id, as the table's `owner` column holds it.
+    pub(crate) fn owner(&self) -> &str {
+        &self.owner
+    }
+}
+
+impl LeaseStore for PgLeaseStore {
+    async fn acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
+        check_key(key)?;
+        let params = [
+            (&key as _, Type::TEXT),
+            (&self.owner as _, Type::TEXT),
+            (&self.lease_millis as _, Type::INT8),
+        ];
+        let rows = self.link.query(&self.statements.acquire, &params).await?;
+        rows.first().map(fence_of).transpose()
+    }
+
+    async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        check_key(key)?;
+        // A fence beyond the column's range was never handed out: not ours.
+        let Ok(fence) = i64::try_from(fence) else {
+            return Ok(false);
+        };
+        let params = [
+            (&key as _, Type::TEXT),
+            (&self.owner as _, Type::TEXT),
+            (&fence as _, Type::INT8),
+            (&self.lease_millis as _, Type::INT8),
+        ];
+        let rows = self.link.query(&self.statements.renew, &params).await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn release(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        check_key(key)?;
+        let Ok(fence) = i64::try_from(fence) else {
+            return Ok(false);
+        };
+        let params = [
+            (&key as _, Type::TEXT),
+            (&self.owner as _, Type::TEXT),
+            (&fence as _, Type::INT8),
+            (&self.table.name() as _, Type::TEXT),
+        ];
+        let rows = self.link.query(&self.statements.release, &params).await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn release_all(&self) -> Result<u64, LeaseError> {
+        let params = [
+            (&self.owner as _, Type::TEXT),
+            (&self.table.name() as _, Type::TEXT),
+        ];
+        let rows = self
+            .link
+            .query(&self.statements.release_all, &params)
+            .await?;
+        Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
+    }
+}
+
+impl Drop for PgLeaseStore {
+    fn drop(&mut self) {
+        // The statement connection closes with its last client; the listener is a task of its
+        // own and must be told.
+        self.listener.abort();
+    }
+}
+
+impl fmt::Debug for PgLeaseStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgLeaseStore")
+            .field("owner", &self.owner)
+            .field("table", &self.table.name())
+            .field("lease", &self.lease)
+            .field("link", &self.link)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The four statements' text for one table. Parameters: `$1` key, `$2` owner, then as named.
+#[derive(Debug)]
+struct Statements {
+    /// `$3` lease in milliseconds. Takes the row if free, expired or ours (invariants 1, 2);
+    /// returns the new fence, or no row.
+    acquire: String,
+    /// `$3` fence, `$4` lease in milliseconds. Returns a row if renewed (invariants 1, 3).
+    renew: String,
+    /// `$3` fence, `$4` channel. Returns a row if released (invariants 3, 4).
+    release: String,
+    /// `$1` owner, `$2` channel. Returns a row per lease released (invariant 4).
+    release_all: String,
+}
+
+impl Statements {
+    fn for_table(table: &LeaseTable) -> Self {
+        let table = table.quoted();
+        Statements {
+            // "Ours" too: an acquire of ours that was applied but whose reply was lost must not
+            // block the key until it runs out. Taking it again with a new fence is safe: the
+            // old fence was never handed to anyone.
+            acquire: format!(
+                "INSERT INTO {table} AS held (key, owner, fence, expires_at) \
+                 VALUES ($1, $2, 1, clock_timestamp() + $3 * interval '1 millisecond') \
+                 ON CONFLICT (key) DO UPDATE \
+                 SET owner = excluded.owner, fence = held.fence + 1, \
+                     expires_at = excluded.expires_at \
+                 WHERE held.owner IS NULL OR held.owner = excluded.owner \
+                    OR held.expires_at <= clock_timestamp() \
+                 RETURNING fence"
+            ),
+            renew: format!(
+                "UPDATE {table} \
+                 SET expires_at = clock_timestamp() + $4 * interval '1 millisecond' \
+                 WHERE key = $1 AND owner = $2 AND fence = $3 \
+                   AND expires_at > clock_timestamp() \
+                 RETURNING fence"
+            ),
+            // A data-modifying WITH runs to completion once, and `pg_notify` runs for each row
+            // it returns, in the same statement and so the same transaction.
+            release: format!(
+                "WITH released AS ( \
+                   UPDATE {table} SET owner = NULL, expires_at = clock_timestamp() \
+                   WHERE key = $1 AND owner = $2 AND fence = $3 \
+                   RETURNING key) \
+                 SELECT pg_notify($4, key) FROM released"
+            ),
+            release_all: format!(
+                "WITH released AS ( \
+                   UPDATE {table} SET owner = NULL, expires_at = clock_timestamp() \
+                   WHERE owner = $1 \
+                   RETURNING key) \
+                 SELECT pg_notify($2, key) FROM released"
+            ),
+        }
+    }
+}
+
+fn check_key(key: &str) -> Result<(), LeaseError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(LeaseError::KeyTooLong { bytes: key.len() });
+    }
+    Ok(())
+}
+
+fn fence_of(row: &Row) -> Result<Fence, LeaseError> {
+    let fence: i64 = row.try_get(0).map_err(LeaseError::Statement)?;
+    // The column's CHECK keeps fences positive; a table made by hand might not.
+    Fence::try_from(fence)
+        .ok()
+        .filter(|&fence| fence >= 1)
+        .ok_or(LeaseError::BadFence(fence))
+}
+
+/// Creates the table if missing, then runs every statement once in a transaction that is rolled
+/// back: a missing privilege, a read-only server or a table of another shape shows now, as a
+/// [`ClusterError`], rather than at the first lease.
+async fn set_up_table(
+    client: &Arc<Client>,
+    table: &LeaseTable,
+    statements: &Statements,
+    owner: &str,
+    lease_millis: i64,
+) -> Result<(), ClusterError> {
+    let name = table.quoted();
+    let exists = client
+        .query_typed_one("SELECT to_regclass($1) IS NOT NULL", &[(&name, Type::TEXT)])
+        .await
+        .and_then(|row| row.try_get::<_, bool>(0))
+        .map_err(|error| refusal(table, "looking for table", error))?;
+    if !exists {
+        // `CREATE TABLE IF NOT EXISTS` needs the schema's CREATE privilege even when the table
+        // exists; asking first lets a role without it use a table made for it.
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {name} ( \
+               key text PRIMARY KEY, \
+               owner text, \
+               fence bigint NOT NULL CHECK (fence > 0), \
+               expires_at timestamptz NOT NULL)"
+        );
+        match client.batch_execute(&create).await {
+            Ok(()) => {}
+            // Two stores creating the table at once: one of them fails on the catalog's
+            // unique index, and the table is there all the same.
+            Err(error)
+                if error.code() == Some(&SqlState::UNIQUE_VIOLATION)
+                    || error.code() == Some(&SqlState::DUPLICATE_TABLE) => {}
+            Err(error) => return Err(refusal(table, "creating table", error)),
+        }
+    }
+
+    client
+        .batch_execute("BEGIN")
+        .await
+        .map_err(|error| refusal(table, "checking table", error))?;
+    let probe = probe(client, table, statements, owner, lease_millis).await;
+    let rollback = client.batch_execute("ROLLBACK").await;
+    probe
+        .and(rollback)
+        .map_err(|error| refusal(table, "checking table", error))
+}
+
+/// Runs the four statements on a key of our own (nobody else's row is touched).
+async fn probe(
+    client: &Client,
+    table: &LeaseTable,
+    statements: &Statements,
+    owner: &str,
+    lease_millis: i64,
+) -> Result<(), tokio_postgres::Error> {
+    let key = format!("keyed-locks probe {owner}");
+    let fence = 1_i64;
+    let channel = table.name();
+    let acquire = [
+        (&key as _, Type::TEXT),
+        (&owner as _, Type::TEXT),
+        (&lease_millis as _, Type::INT8),
+    ];
+    client.query_typed(&statements.acquire, &acquire).await?;
+    let renew = [
+        (&key as _, Type::TEXT),
+        (&owner as _, Type::TEXT),
+        (&fence as _, Type::INT8),
+        (&lease_millis as _, Type::INT8),
+    ];
+    client.query_typed(&statements.renew, &renew).await?;
+    let release = [
+        (&key as _, Type::TEXT),
+        (&owner as _, Type::TEXT),
+        (&fence as _, Type::INT8),
+        (&channel as _, Type::TEXT),
+    ];
+    client.query_typed(&statements.release, &release).await?;
+    let release_all = [(&owner as _, Type::TEXT), (&channel as _, Type::TEXT)];
+    client
+        .query_typed(&statements.release_all, &release_all)
+        .await?;
+    Ok(())
+}
+
+/// The [`ClusterError`] for the server's refusal of `action` on `table`.
+fn refusal(table: &LeaseTable, action: &str, error: tokio_postgres::Error) -> ClusterError {
+    if error.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+        ClusterError::MissingPermission {
+            table: table.name().to_owned(),
+            source: Box::new(error),
+        }
+    } else {
+        ClusterError::Database {
+            action: format!("{action} {:?}", table.name()),
+            source: Box::new(error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,723 @@
+//! The PostgreSQL lease store against a real server: `KEYED_LOCKS_TEST_DATABASE_URL`, or
+//! `postgres://postgres@127.0.0.1:5432/test`, whose role may create roles, schemas and tables.
+//!
+//! Unit tests rather than integration tests, so that the store stays crate-private: the crate's
+//! public surface does not grow, not even by a hidden module, for tests' sake.
+//!
+//! Each test has its own table prefix (`kl_test_<test>_`) and drops its table first, so tests
+//! run in parallel and after a failed run. Waits for something that should take milliseconds
+//! are bounded by [`BOUND`]; leases that must run out are short and slept past with a margin.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep, timeout};
+use tokio_postgres::{Client, NoTls};
+
+use crate::cluster::{
+    ClusterError, Fence, LeaseError, LeaseNotice, LeaseNotices, LeaseStore, PgLeaseConfig,
+    PgLeaseStore,
+};
+
+/// Generous, for a loaded machine: what takes milliseconds must be done by then.
+const BOUND: Duration = Duration::from_secs(10);
+/// A lease that runs out during a test, and how long to sleep to be sure it has.
+const SHORT_LEASE: Duration = Duration::from_millis(300);
+const PAST_SHORT_LEASE: Duration = Duration::from_millis(700);
+/// The role the permission tests connect as.
+const NO_PRIVILEGES_ROLE: &str = "kl_test_no_privileges";
+
+fn url() -> String {
+    std::env::var("KEYED_LOCKS_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// `url()` with one more connection parameter, which overrides any earlier one.
+fn url_with(param: &str) -> String {
+    let url = url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{param}")
+}
+
+/// A lease that outlives any test (30 s), renewed every 10 s.
+fn config(prefix: &str) -> PgLeaseConfig {
+    PgLeaseConfig {
+        table_prefix: prefix.to_owned(),
+        ..PgLeaseConfig::new(url())
+    }
+}
+
+/// A lease of [`SHORT_LEASE`], renewed every 100 ms.
+fn short_lease_config(prefix: &str) -> PgLeaseConfig {
+    PgLeaseConfig {
+        lease: SHORT_LEASE,
+        heartbeat: Duration::from_millis(100),
+        ..config(prefix)
+    }
+}
+
+async fn admin() -> Client {
+    let (client, connection) = tokio_postgres::connect(&url(), NoTls)
+        .await
+        .expect("the test server is reachable");
+    tokio::spawn(connection);
+    client
+}
+
+/// Drops the test's table, so that it starts from nothing.
+async fn fresh_table(prefix: &str) -> Client {
+    let admin = admin().await;
+    admin
+        .batch_execute(&format!("DROP TABLE IF EXISTS \"{prefix}leases\""))
+        .await
+        .expect("the test table can be dropped");
+    admin
+}
+
+async fn store(config: &PgLeaseConfig) -> (PgLeaseStore, LeaseNotices) {
+    match PgLeaseStore::connect(config).await {
+        Ok(connected) => connected,
+        Err(error) => panic!(
+            "connect failed: {error}: {:?}",
+            std::error::Error::source(&error)
+        ),
+    }
+}
+
+/// `(owner, fence)` of `key`'s row, if there is one.
+async fn row(admin: &Client, prefix: &str, key: &str) -> Option<(Option<String>, i64)> {
+    let statement = format!("SELECT owner, fence FROM \"{prefix}leases\" WHERE key = $1");
+    let row = admin
+        .query_opt(&statement, &[&key])
+        .await
+        .expect("the row can be read")?;
+    Some((row.get(0), row.get(1)))
+}
+
+/// `expires_at` of `key`'s row, in seconds since the epoch.
+async fn expires_at(admin: &Client, prefix: &str, key: &str) -> f64 {
+    let statement = format!(
+        "SELECT extract(epoch FROM expires_at)::float8 FROM \"{prefix}leases\" WHERE key = $1"
+    );
+    admin
+        .query_one(&statement, &[&key])
+        .await
+        .expect("the row exists")
+        .get(0)
+}
+
+/// The backend process of the connection named `application_name`, if it is connected.
+async fn backend_pid(admin: &Client, application_name: &str) -> Option<i32> {
+    let statement = "SELECT pid FROM pg_stat_activity WHERE application_name = $1";
+    let row = admin
+        .query_opt(statement, &[&application_name])
+        .await
+        .expect("pg_stat_activity");
+    row.map(|row| row.get(0))
+}
+
+/// Terminates the backend of the connection named `application_name`; returns its pid.
+async fn terminate(admin: &Client, application_name: &str) -> i32 {
+    let pid = backend_pid(admin, application_name)
+        .await
+        .expect("the connection is there");
+    let statement = "SELECT pg_terminate_backend($1)";
+    let terminated: bool = admin
+        .query_one(statement, &[&pid])
+        .await
+        .expect("terminate")
+        .get(0);
+    assert!(terminated, "backend {pid} was not terminated");
+    pid
+}
+
+fn statements_name(store: &PgLeaseStore) -> String {
+    format!("keyed-locks statements {}", store.owner())
+}
+
+fn listener_name(store: &PgLeaseStore) -> String {
+    format!("keyed-locks listener {}", store.owner())
+}
+
+/// Polls `condition` until it holds, failing the test after [`BOUND`].
+async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + BOUND;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "{what}: not within {BOUND:?}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn next_notice(notices: &mut LeaseNotices) -> Option<LeaseNotice> {
+    timeout(BOUND, notices.recv())
+        .await
+        .expect("a notice within the bound")
+}
+
+fn released(key: &str) -> Option<LeaseNotice> {
+    Some(LeaseNotice::Released(key.to_owned()))
+}
+
+async fn acquired(store: &PgLeaseStore, key: &str) -> Fence {
+    match store.acquire(key).await {
+        Ok(Some(fence)) => fence,
+        other => panic!("acquire of {key:?}: {other:?}"),
+    }
+}
+
+/// Connects a store expected to fail, and how long the failure took.
+async fn connect_error(config: &PgLeaseConfig) -> (ClusterError, Duration) {
+    let started = Instant::now();
+    match timeout(BOUND, PgLeaseStore::connect(config)).await {
+        Ok(Err(error)) => (error, started.elapsed()),
+        Ok(Ok((store, _))) => panic!("connected: {store:?}"),
+        Err(_) => panic!("connect hung for {BOUND:?}"),
+    }
+}
+
+/// Makes the role without privileges, unless a run before made it.
+async fn no_privileges_role(admin: &Client) {
+    // Two tests may run this at once: the loser of the race on the catalog gets a
+    // unique_violation rather than a duplicate_object.
+    let create = format!(
+        "DO $$ BEGIN CREATE ROLE {NO_PRIVILEGES_ROLE} LOGIN; \
+         EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+    );
+    admin
+        .batch_execute(&create)
+        .await
+        .expect("the role can be created");
+}
+
+// Acquire.
+
+#[tokio::test]
+async fn a_free_key_is_acquired_with_fence_1() {
+    let prefix = "kl_test_acquire_free_";
+    let admin = fresh_table(prefix).await;
+    let (store, _notices) = store(&config(prefix)).await;
+    assert_eq!(store.acquire("k").await.ok(), Some(Some(1)));
+    assert_eq!(
+        row(&admin, prefix, "k").await,
+        Some((Some(store.owner().to_owned()), 1))
+    );
+}
+
+#[tokio::test]
+async fn a_live_lease_is_not_acquired_by_another_owner() {
+    let prefix = "kl_test_acquire_live_";
+    let admin = fresh_table(prefix).await;
+    let (holder, _holder_notices) = store(&config(prefix)).await;
+    let (other, _other_notices) = store(&config(prefix)).await;
+    assert_eq!(acquired(&holder, "k").await, 1);
+    assert_eq!(other.acquire("k").await.ok(), Some(None));
+    assert_eq!(
+        row(&admin, prefix, "k").await,
+        Some((Some(holder.owner().to_owned()), 1))
+    );
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_acquired_by_another_owner_with_the_next_fence() {
+    let prefix = "kl_test_acquire_expired_";
+    let _admin = fresh_table(prefix).await;
+    let (holder, _holder_notices) = store(&short_lease_config(prefix)).await;
+    let (other, _other_notices) = store(&config(prefix)).await;
+    assert_eq!(acquired(&holder, "k").await, 1);
+    sleep(PAST_SHORT_LEASE).await;
+    assert_eq!(other.acquire("k").await.ok(), Some(Some(2)));
+}
+
+#[tokio::test]
+async fn the_holder_acquiring_again_gets_a_new_fence_and_the_old_one_is_dead() {
+    // What makes a lost acquire reply harmless: the next acquire of ours takes the key again.
+    let prefix = "kl_test_acquire_again_";
+    let _admin = fresh_table(prefix).await;
+    let (store, _notices) = store(&config(prefix)).await;
+    assert_eq!(acquired(&store, "k").await, 1);
+    assert_eq!(acquired(&store, "k").await, 2);
+    assert_eq!(store.renew("k", 1).await.ok(), Some(false));
+    assert_eq!(store.release("k", 1).await.ok(), Some(false));
+    assert_eq!(store.renew("k", 2).await.ok(), Some(true));
+}
+
+#[tokio::test]
+async fn a_key_too_long_to_announce_is_refused_and_the_longest_allowed_works() {
+    let prefix = "kl_test_key_length_";
+    let _admin = fresh_table(prefix).await;
+    let (store, mut notices) = store(&config(prefix)).await;
+    let too_long = "k".repeat(super::MAX_KEY_BYTES + 1);
+    assert!(matches!(
+        store.acquire(&too_long).await,
+        Err(LeaseError::KeyTooLong { .. })
+    ));
+    // Random-looking, so that compression cannot shrink it below the index's limit.
+    let longest: String = (0..super::MAX_KEY_BYTES)
+        .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+        .collect();
+    let fence = acquired(&store, &longest).await;
+    assert_eq!(store.release(&longest, fence).await.ok(), Some(true));
+    assert_eq!(next_notice(&mut notices).await, released(&longest));
+}
+
+// Renew.
+
+#[tokio::test]
+async fn renew_extends_a_live_lease_from_now() {
+    let prefix = "kl_test_renew_live_";
+    let admin = fresh_table(prefix).await;
+    let (store, _notices) = store(&config(prefix)).await;
+    let fence = acquired(&store, "k").await;
+    let before = expires_at(&admin, prefix, "k").await;
+    sleep(Duration::from_millis(50)).await;
+    assert_eq!(store.renew("k", fence).await.ok(), Some(true));
+    assert!(expires_at(&admin, prefix, "k").await > before);
+}
+
+#[tokio::test]
+async fn renew_fails_once_another_owner_took_the_lease() {
+    let prefix = "kl_test_renew_taken_";
+    let admin = fresh_table(prefix).await;
+    let (holder, _holder_notices) = store(&short_lease_config(prefix)).await;
+    let (other, _other_notices) = store(&config(prefix)).await;
+    let fence = acquired(&holder, "k").await;
+    sleep(PAST_SHORT_LEASE).await;
+    assert_eq!(acquired(&other, "k").await, fence + 1);
+    let before = expires_at(&admin, prefix, "k").await;
+    assert_eq!(holder.renew("k", fence).await.ok(), Some(false));
+    assert_eq!(expires_at(&admin, prefix, "k").await, before);
+}
+
+#[tokio::test]
+async fn renew_fails_once_the_lease_ran_out_even_if_nobody_took_it() {
+    let prefix = "kl_test_renew_expired_";
+    let _admin = fresh_table(prefix).await;
+    let (holder, _notices) = store(&short_lease_config(prefix)).await;
+    let fence = acquired(&holder, "k").await;
+    sleep(PAST_SHORT_LEASE).await;
+    assert_eq!(holder.renew("k", fence).await.ok(), Some(false));
+}
+
+// Release.
+
+#[tokio::test]
+async fn release_keeps_the_row_and_its_fence_and_the_next_acquire_gets_the_next_fence() {
+    let prefix = "kl_test_release_keeps_";
+    let admin = fresh_table(prefix).await;
+    let (holder, _holder_notices) = store(&config(prefix)).await;
+    let (other, _other_notices) = store(&config(prefix)).await;
+    let fence = acquired(&holder, "k").await;
+    assert_eq!(holder.release("k", fence).await.ok(), Some(true));
+    assert_eq!(row(&admin, prefix, "k").await, Some((None, 1)));
+    assert_eq!(acquired(&other, "k").await, 2);
+}
+
+#[tokio::test]
+async fn release_with_a_stale_fence_returns_false_and_changes_nothing() {
+    let prefix = "kl_test_release_stale_";
+    let admin = fresh_table(prefix).await;
+    let (holder, _holder_notices) = store(&short_lease_config(prefix)).await;
+    let (other, _other_notices) = store(&config(prefix)).await;
+    let stale = acquired(&holder, "k").await;
+    sleep(PAST_SHORT_LEASE).await;
+    let current = acquired(&other, "k").await;
+    let before = (
+        row(&admin, prefix, "k").await,
+        expires_at(&admin, prefix, "k").await,
+    );
+    assert_eq!(holder.release("k", stale).await.ok(), Some(false));
+    // Nor can the stale holder release with the current fence: it is not the owner.
+    assert_eq!(holder.release("k", current).await.ok(), Some(false));
+    let after = (
+        row(&admin, prefix, "k").await,
+        expires_at(&admin, prefix, "k").await,
+    );
+    assert_eq!(after, before);
+    assert_eq!(other.renew("k", current).await.ok(), Some(true));
+}
+
+#[tokio::test]
+async fn a_lease_that_ran_out_untaken_is_still_released_by_its_holder() {
+    let prefix = "kl_test_release_expired_";
+    let admin = fresh_table(prefix).await;
+    let (holder, _notices) = store(&short_lease_config(prefix)).await;
+    let fence = acquired(&holder, "k").await;
+    sleep(PAST_SHORT_LEASE).await;
+    assert_eq!(holder.release("k", fence).await.ok(), Some(true));
+    assert_eq!(row(&admin, prefix, "k").await, Some((None, 1)));
+}
+
+#[tokio::test]
+async fn release_all_releases_our_leases_and_no_one_elses() {
+    let prefix = "kl_test_release_all_";
+    let admin = fresh_table(prefix).await;
+    let (ours, mut notices) = store(&config(prefix)).await;
+    let (theirs, _their_notices) = store(&config(prefix)).await;
+    acquired(&ours, "a").await;
+    acquired(&ours, "b").await;
+    acquired(&theirs, "c").await;
+    assert_eq!(ours.release_all().await.ok(), Some(2));
+    assert_eq!(row(&admin, prefix, "a").await, Some((None, 1)));
+    assert_eq!(row(&admin, prefix, "b").await, Some((None, 1)));
+    assert_eq!(
+        row(&admin, prefix, "c").await,
+        Some((Some(theirs.owner().to_owned()), 1))
+    );
+    let mut announced = vec![
+        next_notice(&mut notices).await,
+        next_notice(&mut notices).await,
+    ];
+    announced.sort_by_key(|notice| format!("{notice:?}"));
+    assert_eq!(announced, vec![released("a"), released("b")]);
+    assert_eq!(ours.release_all().await.ok(), Some(0));
+}
+
+// Notices.
+
+#[tokio::test]
+async fn a_release_is_announced_to_every_store() {
+    let prefix = "kl_test_notify_";
+    let _admin = fresh_table(prefix).await;
+    let (holder, mut holder_notices) = store(&config(prefix)).await;
+    let (_waiter, mut waiter_notices) = store(&config(prefix)).await;
+    let fence = acquired(&holder, "k").await;
+    assert_eq!(holder.release("k", fence).await.ok(), Some(true));
+    assert_eq!(next_notice(&mut waiter_notices).await, released("k"));
+    assert_eq!(next_notice(&mut holder_notices).await, released("k"));
+}
+
+#[tokio::test]
+async fn a_lost_listening_connection_is_made_again_and_says_missed() {
+    let prefix = "kl_test_listener_lost_";
+    let admin = fresh_table(prefix).await;
+    let (waiter, mut notices) = store(&config(prefix)).await;
+    let (holder, _holder_notices) = store(&config(prefix)).await;
+    let old_pid = terminate(&admin, &listener_name(&waiter)).await;
+    assert_eq!(next_notice(&mut notices).await, Some(LeaseNotice::Missed));
+    let new_pid = backend_pid(&admin, &listener_name(&waiter)).await;
+    assert!(new_pid.is_some_and(|pid| pid != old_pid));
+    // And the new connection listens.
+    let fence = acquired(&holder, "k").await;
+    assert_eq!(holder.release("k", fence).await.ok(), Some(true));
+    assert_eq!(next_notice(&mut notices).await, released("k"));
+}
+
+#[tokio::test]
+async fn dropping_the_store_ends_its_notices() {
+    let prefix = "kl_test_drop_store_";
+    let admin = fresh_table(prefix).await;
+    let (store, mut notices) = store(&config(prefix)).await;
+    let listener = listener_name(&store);
+    drop(store);
+    assert_eq!(next_notice(&mut notices).await, None);
+    eventually("the listening connection closes", || async {
+        backend_pid(&admin, &listener).await.is_none()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn dropping_the_notices_closes_the_listening_connection() {
+    let prefix = "kl_test_drop_notices_";
+    let admin = fresh_table(prefix).await;
+    let (store, notices) = store(&config(prefix)).await;
+    let listener = listener_name(&store);
+    assert!(backend_pid(&admin, &listener).await.is_some());
+    drop(notices);
+    eventually("the listening connection closes", || async {
+        backend_pid(&admin, &listener).await.is_none()
+    })
+    .await;
+    // The store goes on without it.
+    assert_eq!(store.acquire("k").await.ok(), Some(Some(1)));
+}
+
+// The statement connection.
+
+#[tokio::test]
+async fn a_statement_connection_lost_while_idle_is_made_again_by_the_next_call() {
+    let prefix = "kl_test_statements_idle_";
+    let admin = fresh_table(prefix).await;
+    let (store, _notices) = store(&config(prefix)).await;
+    let old_pid = terminate(&admin, &statements_name(&store)).await;
+    eventually("the store sees its connection lost", || {
+        store.link.is_known_lost()
+    })
+    .await;
+    // Nothing was sent on the lost connection, so the call reconnects and runs.
+    assert_eq!(store.acquire("k").await.ok(), Some(Some(1)));
+    let new_pid = backend_pid(&admin, &statements_name(&store)).await;
+    assert!(new_pid.is_some_and(|pid| pid != old_pid));
+}
+
+/// Holds the row of `key` locked (`FOR UPDATE`) until the returned client rolls back.
+async fn lock_row(prefix: &str, key: &str) -> Client {
+    let locker = admin().await;
+    let statement =
+        format!("BEGIN; SELECT 1 FROM \"{prefix}leases\" WHERE key = '{key}' FOR UPDATE");
+    locker
+        .batch_execute(&statement)
+        .await
+        .expect("the row can be locked");
+    locker
+}
+
+async fn waits_on_a_lock(admin: &Client, application_name: &str) -> bool {
+    let statement = "SELECT 1 FROM pg_stat_activity \
+                     WHERE application_name = $1 AND wait_event_type = 'Lock'";
+    let row = admin
+        .query_opt(statement, &[&application_name])
+        .await
+        .expect("pg_stat_activity");
+    row.is_some()
+}
+
+#[tokio::test]
+async fn a_statement_cut_by_a_lost_connection_fails_and_the_next_call_reconnects() {
+    let prefix = "kl_test_statements_cut_";
+    let admin = fresh_table(prefix).await;
+    // A long heartbeat (the statement timeout), so that the cut comes first.
+    let config = PgLeaseConfig {
+        lease: Duration::from_secs(30),
+        heartbeat: Duration::from_secs(10),
+        ..config(prefix)
+    };
+    let (store, _notices) = store(&config).await;
+    let fence = acquired(&store, "k").await;
+    let locker = lock_row(prefix, "k").await;
+    let name = statements_name(&store);
+    let (renewed, ()) = tokio::join!(store.renew("k", fence), async {
+        eventually("the renewal waits on the row", || {
+            waits_on_a_lock(&admin, &name)
+        })
+        .await;
+        terminate(&admin, &name).await;
+    });
+    assert!(
+        matches!(renewed, Err(LeaseError::ConnectionLost(_))),
+        "{renewed:?}"
+    );
+    locker.batch_execute("ROLLBACK").await.expect("rollback");
+    assert_eq!(store.renew("k", fence).await.ok(), Some(true));
+}
+
+#[tokio::test]
+async fn a_statement_stalled_past_the_heartbeat_times_out_and_the_next_call_reconnects() {
+    let prefix = "kl_test_statements_stalled_";
+    let admin = fresh_table(prefix).await;
+    // A short heartbeat (the statement timeout), a lease that lasts the test.
+    let config = PgLeaseConfig {
+        lease: Duration::from_secs(30),
+        heartbeat: Duration::from_millis(200),
+        ..config(prefix)
+    };
+    let (store, _notices) = store(&config).await;
+    let fence = acquired(&store, "k").await;
+    let old_pid = backend_pid(&admin, &statements_name(&store)).await;
+    let locker = lock_row(prefix, "k").await;
+    let renewed = timeout(BOUND, store.renew("k", fence))
+        .await
+        .expect("a bounded renewal");
+    assert!(
+        matches!(renewed, Err(LeaseError::Timeout { .. })),
+        "{renewed:?}"
+    );
+    assert!(store.link.is_known_lost().await);
+    locker.batch_execute("ROLLBACK").await.expect("rollback");
+    assert_eq!(store.acquire("other").await.ok(), Some(Some(1)));
+    let new_pid = backend_pid(&admin, &statements_name(&store)).await;
+    assert!(new_pid.is_some() && new_pid != old_pid);
+}
+
+// Connecting.
+
+#[tokio::test]
+async fn a_table_prefix_that_is_not_a_plain_identifier_is_refused_before_connecting() {
+    let too_long = "a".repeat(60);
+    for prefix in ["bad-name; drop", "", "1kl_", &too_long] {
+        // An unreachable server: the prefix must be refused without it.
+        let config = PgLeaseConfig {
+            url: "postgres://postgres@127.0.0.1:1/test".to_owned(),
+            ..config(prefix)
+        };
+        let (error, _) = connect_error(&config).await;
+        assert!(
+            matches!(error, ClusterError::BadTablePrefix { .. }),
+            "{prefix:?}: {error:?}"
+        );
+        assert!(error.to_string().contains("bad table prefix"), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_reported_within_the_connect_timeout() {
+    let config = PgLeaseConfig {
+        url: "postgres://postgres@127.0.0.1:1/test".to_owned(),
+        connect_timeout: Duration::from_secs(2),
+        ..config("kl_test_unreachable_")
+    };
+    let (error, took) = connect_error(&config).await;
+    assert!(
+        matches!(error, ClusterError::Unreachable { .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("127.0.0.1:1"), "{error}");
+    assert!(took < BOUND);
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_times_out() {
+    // Accepts connections and never says a word.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a local port");
+    let address = silent.local_addr().expect("its address");
+    let accepting = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let config = PgLeaseConfig {
+        url: format!("postgres://postgres@{address}/test"),
+        connect_timeout: Duration::from_millis(500),
+        ..config("kl_test_silent_")
+    };
+    let (error, took) = connect_error(&config).await;
+    accepting.abort();
+    assert!(
+        matches!(error, ClusterError::ConnectTimeout { .. }),
+        "{error:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(500) && took < BOUND,
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_too_short_for_its_heartbeat_or_too_long_is_refused() {
+    let prefix = "kl_test_timing_";
+    let admin = fresh_table(prefix).await;
+    let ms = Duration::from_millis;
+    for (lease, heartbeat) in [(ms(299), ms(100)), (ms(1000), ms(10)), (ms(0), ms(0))] {
+        let (error, _) = connect_error(&PgLeaseConfig {
+            lease,
+            heartbeat,
+            ..config(prefix)
+        })
+        .await;
+        assert!(
+            matches!(error, ClusterError::LeaseTooShort { .. }),
+            "{lease:?}: {error:?}"
+        );
+    }
+    let two_days = Duration::from_secs(2 * 24 * 60 * 60);
+    let (error, _) = connect_error(&PgLeaseConfig {
+        lease: two_days,
+        ..config(prefix)
+    })
+    .await;
+    assert!(
+        matches!(error, ClusterError::LeaseTooLong { .. }),
+        "{error:?}"
+    );
+    // Refused before the table was made.
+    let exists = "SELECT to_regclass('\"kl_test_timing_leases\"') IS NOT NULL";
+    assert!(
+        !admin
+            .query_one(exists, &[])
+            .await
+            .expect("to_regclass")
+            .get::<_, bool>(0)
+    );
+}
+
+#[tokio::test]
+async fn a_role_without_privileges_on_the_table_gets_a_permission_error_naming_it() {
+    let prefix = "kl_test_no_rights_";
+    let admin = fresh_table(prefix).await;
+    no_privileges_role(&admin).await;
+    drop(store(&config(prefix)).await);
+    let revoke = format!("REVOKE ALL ON \"{prefix}leases\" FROM PUBLIC, {NO_PRIVILEGES_ROLE}");
+    admin.batch_execute(&revoke).await.expect("revoke");
+    let config = PgLeaseConfig {
+        url: url_with(&format!("user={NO_PRIVILEGES_ROLE}")),
+        ..config(prefix)
+    };
+    let (error, _) = connect_error(&config).await;
+    assert!(
+        matches!(error, ClusterError::MissingPermission { .. }),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("kl_test_no_rights_leases"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_role_that_cannot_create_the_table_gets_a_permission_error_naming_it() {
+    let prefix = "kl_test_cannot_create_";
+    let admin = admin().await;
+    no_privileges_role(&admin).await;
+    // A schema of our own where the role may look but not create, whatever the server's
+    // defaults for `public`.
+    let setup = format!(
+        "CREATE SCHEMA IF NOT EXISTS kl_test_locked; \
+         REVOKE CREATE ON SCHEMA kl_test_locked FROM PUBLIC; \
+         GRANT USAGE ON SCHEMA kl_test_locked TO {NO_PRIVILEGES_ROLE}; \
+         DROP TABLE IF EXISTS kl_test_locked.\"{prefix}leases\""
+    );
+    admin
+        .batch_execute(&setup)
+        .await
+        .expect("the schema can be set up");
+    let url = url_with(&format!(
+        "user={NO_PRIVILEGES_ROLE}&options=-c%20search_path%3Dkl_test_locked"
+    ));
+    let (error, _) = connect_error(&PgLeaseConfig {
+        url,
+        ..config(prefix)
+    })
+    .await;
+    assert!(
+        matches!(error, ClusterError::MissingPermission { .. }),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("kl_test_cannot_create_leases"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_table_of_another_shape_is_refused_at_connect() {
+    let prefix = "kl_test_shape_";
+    let admin = fresh_table(prefix).await;
+    let create = format!("CREATE TABLE \"{prefix}leases\" (key text PRIMARY KEY)");
+    admin.batch_execute(&create).await.expect("create");
+    let (error, _) = connect_error(&config(prefix)).await;
+    assert!(matches!(error, ClusterError::Database { .. }), "{error:?}");
+    assert!(
+        error.to_string().contains("kl_test_shape_leases"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn stores_connecting_at_once_to_a_missing_table_all_connect() {
+    let prefix = "kl_test_create_race_";
+    let _admin = fresh_table(prefix).await;
+    let config = config(prefix);
+    let connects = [(); 4].map(|()| PgLeaseStore::connect(&config));
+    let [a, b, c, d] = connects;
+    let (a, b, c, d) = tokio::join!(a, b, c, d);
+    for connected in [a, b, c, d] {
+        assert!(connected.is_ok(), "{:?}", connected.err());
+    }
+}
