@@ -2,13 +2,17 @@
 //!
 //! The scenario: three clients; each picks one of two keys and acquires it, and later leaves:
 //! it cancels if it is still queued, it releases if it holds the key by then. The test
-//! explores every choice of keys and every order of the six steps by depth-first search; the
-//! table is not `Clone`, so each state is rebuilt by replaying its prefix of steps on a fresh
-//! [`LockTable`]. In every state it checks `check_invariants()`, at most one holder per key,
-//! that each grant goes to the earliest client still queued on the key (FIFO) with the next
-//! fencing token, that the table's counts (keys, held, waiting) are the clients' (reference
-//! count = holders + waiters, no entry without either), and that no client waits on a free
-//! key. At the end of every path all keys must be free: `stats().keys == 0`.
+//! explores every choice of keys and every order of the six steps by depth-first search on
+//! the [`ReferenceModel`], which says what a correct table records for each step. Each
+//! complete path is then checked against the real table with [`check_the_table_against`]:
+//! its journal is replayed and compared event by event (so each grant goes to the earliest
+//! client still queued on its key, FIFO, with the next fencing token, and to no second
+//! holder), and the table is compared with the model after every step (`check_invariants()`,
+//! the counts keys, held and waiting, so reference count = holders + waiters and no entry
+//! without either, each client holding or waiting where the model says). Every state is a
+//! prefix of a complete path, so every state is checked. At the end of every path every
+//! client has left, so all keys must be free: `stats().keys == 0`, and every client that
+//! waited was granted or cancelled.
 //!
 //! # How many
 //!
@@ -20,12 +24,14 @@
 //! and summing over the 27 triples gives [`STATES`] = 1957 states, the empty start included.
 //! Both counts are asserted, so the enumeration cannot silently shrink.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 
-use keyed_locks::table::{Acquired, LockTable, WaiterId};
+use keyed_locks::table::WaiterId;
+
+use crate::reference_model::{ReferenceModel, check_the_table_against};
 
 const CLIENTS: usize = 3;
-const KEYS: [u8; 2] = [0, 1];
+const KEYS: [u64; 2] = [0, 1];
 /// Complete paths: 2^3 key choices × 6!/(2!·2!·2!) orders (see the module docs).
 const INTERLEAVINGS: usize = 720;
 /// Prefixes of paths, the empty one included (see the module docs).
@@ -36,7 +42,7 @@ const STATES: usize = 1957;
 enum Step {
     Acquire {
         client: usize,
-        key: u8,
+        key: u64,
     },
     /// Cancel if still queued, release if holding.
     Leave {
@@ -44,35 +50,22 @@ enum Step {
     },
 }
 
-/// Where a client is in its little life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Where a client is in its little life; where it waits or holds is the model's to say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Client {
     Idle,
-    Waiting { key: u8, waiter_id: WaiterId },
-    Holding { key: u8, waiter_id: WaiterId },
+    Acquired(WaiterId),
     Done,
 }
 
-/// The table, the clients, and what the clients know about the order they queued in.
+/// The model and the clients: a state of the search.
+#[derive(Debug, Clone)]
 struct World {
-    /// Deliveries are client numbers, so a grant says whom it is for.
-    table: LockTable<u8, usize>,
+    model: ReferenceModel,
     clients: [Client; CLIENTS],
-    /// Per key, the clients queued on it in order of arrival.
-    queues: [VecDeque<usize>; KEYS.len()],
-    last_fencing_token: u64,
 }
 
 impl World {
-    fn new() -> Self {
-        World {
-            table: LockTable::new(),
-            clients: [Client::Idle; CLIENTS],
-            queues: Default::default(),
-            last_fencing_token: 0,
-        }
-    }
-
     /// The steps that can come next: an idle client acquires either key, a client that
     /// acquired leaves.
     fn next_steps(&self) -> Vec<Step> {
@@ -82,140 +75,57 @@ impl World {
                 Client::Idle => {
                     steps.extend(KEYS.iter().map(|&key| Step::Acquire { client, key }));
                 }
-                Client::Waiting { .. } | Client::Holding { .. } => {
-                    steps.push(Step::Leave { client });
-                }
+                Client::Acquired(_) => steps.push(Step::Leave { client }),
                 Client::Done => {}
             }
         }
         steps
     }
 
-    fn holder_of(&self, key: u8) -> Option<usize> {
-        self.clients
-            .iter()
-            .position(|state| matches!(state, Client::Holding { key: held, .. } if *held == key))
-    }
-
-    fn take_token(&mut self, fencing_token: u64) -> Result<(), String> {
-        if fencing_token != self.last_fencing_token + 1 {
-            return Err(format!(
-                "token {fencing_token} after token {}",
-                self.last_fencing_token
-            ));
-        }
-        self.last_fencing_token = fencing_token;
-        Ok(())
-    }
-
-    fn apply(&mut self, step: Step) -> Result<(), String> {
+    fn apply(&mut self, step: Step) {
         match step {
             Step::Acquire { client, key } => {
-                let free = self.holder_of(key).is_none() && self.queues[key as usize].is_empty();
-                match self.table.acquire(key, client) {
-                    Acquired::Granted(grant) if free => {
-                        self.take_token(grant.fencing_token)?;
-                        self.clients[client] = Client::Holding {
-                            key,
-                            waiter_id: grant.waiter_id,
-                        };
-                    }
-                    Acquired::Queued(waiter_id) if !free => {
-                        self.clients[client] = Client::Waiting { key, waiter_id };
-                        self.queues[key as usize].push_back(client);
-                    }
-                    acquired => {
-                        return Err(format!("key free: {free}, but acquire gave {acquired:?}"));
-                    }
-                }
+                self.clients[client] = Client::Acquired(self.model.acquire(key));
             }
-            Step::Leave { client } => match self.clients[client] {
-                Client::Waiting { key, waiter_id } => {
-                    if self.table.cancel(waiter_id) != Ok((key, client)) {
-                        return Err(format!("cancel of queued client {client} refused"));
-                    }
-                    self.queues[key as usize].retain(|queued| *queued != client);
-                    self.clients[client] = Client::Done;
+            Step::Leave { client } => {
+                let Client::Acquired(waiter) = self.clients[client] else {
+                    panic!("client {client} leaves from {:?}", self.clients[client]);
+                };
+                match self.model.find(waiter) {
+                    Some((_, true)) => self.model.release(waiter),
+                    Some((_, false)) => self.model.cancel(waiter),
+                    None => panic!("client {client} ({waiter}) is gone before it left"),
                 }
-                Client::Holding { key, waiter_id } => {
-                    let mut grants = Vec::new();
-                    if self.table.release(waiter_id, &mut grants) != Ok(key) {
-                        return Err(format!("release by holder {client} refused"));
-                    }
-                    self.clients[client] = Client::Done;
-                    // FIFO: the key goes to the client queued first on it, and only to it.
-                    match (self.queues[key as usize].pop_front(), grants.as_slice()) {
-                        (None, []) => {}
-                        (Some(next), [grant]) if grant.delivery == next => {
-                            self.take_token(grant.fencing_token)?;
-                            self.clients[next] = Client::Holding {
-                                key,
-                                waiter_id: grant.waiter_id,
-                            };
-                        }
-                        (next, grants) => {
-                            return Err(format!(
-                                "release granted {grants:?}; first in line was {next:?}"
-                            ));
-                        }
-                    }
-                }
-                state => return Err(format!("client {client} cannot leave from {state:?}")),
-            },
+                self.clients[client] = Client::Done;
+            }
         }
-        Ok(())
     }
 
-    /// Every rule that must hold between steps.
-    fn check(&self) -> Result<(), String> {
-        self.table
-            .check_invariants()
-            .map_err(|violation| violation.to_string())?;
-        let mut keys_in_use = 0;
-        let mut held_keys = 0;
-        for key in KEYS {
-            let holders = self
-                .clients
+    /// Client states and queues as clients, ids left out: how many situations differ.
+    fn situation(&self) -> String {
+        let client_of = |waiter: &WaiterId| {
+            self.clients
                 .iter()
-                .filter(|state| matches!(state, Client::Holding { key: held, .. } if *held == key))
-                .count();
-            if holders > 1 {
-                return Err(format!("{holders} clients hold key {key}"));
-            }
-            let waiters = self.queues[key as usize].len();
-            if waiters > 0 && holders == 0 {
-                return Err(format!("{waiters} clients wait for free key {key}"));
-            }
-            if self.table.contains_key(&key) != (holders + waiters > 0) {
-                return Err(format!(
-                    "key {key}: entry {}, {holders} holders, {waiters} waiters",
-                    self.table.contains_key(&key)
-                ));
-            }
-            keys_in_use += usize::from(holders + waiters > 0);
-            held_keys += holders;
-        }
-        for (client, state) in self.clients.iter().enumerate() {
-            let (key, waiter_id, waiting) = match *state {
-                Client::Waiting { key, waiter_id } => (key, waiter_id, true),
-                Client::Holding { key, waiter_id } => (key, waiter_id, false),
-                Client::Idle | Client::Done => continue,
-            };
-            if self.table.key_of(waiter_id) != Some(&key)
-                || self.table.delivery_of(waiter_id).is_some() != waiting
-            {
-                return Err(format!("the table disagrees on client {client}: {state:?}"));
-            }
-        }
-        let stats = self.table.stats();
-        let waiting: usize = self.queues.iter().map(VecDeque::len).sum();
-        if (stats.keys, stats.held, stats.waiting) != (keys_in_use, held_keys, waiting) {
-            return Err(format!(
-                "stats {stats:?}, but the clients use {keys_in_use} keys, hold {held_keys}, \
-                 wait for {waiting}"
-            ));
-        }
-        Ok(())
+                .position(|state| *state == Client::Acquired(*waiter))
+        };
+        let clients: Vec<_> = self
+            .clients
+            .iter()
+            .map(|state| match *state {
+                Client::Idle => ("idle", None),
+                Client::Acquired(waiter) => match self.model.find(waiter) {
+                    Some((key, true)) => ("holding", Some(key)),
+                    Some((key, false)) => ("waiting", Some(key)),
+                    None => ("gone", None),
+                },
+                Client::Done => ("done", None),
+            })
+            .collect();
+        let queues: Vec<Vec<_>> = KEYS
+            .iter()
+            .map(|&key| self.model.waiters(key).iter().map(client_of).collect())
+            .collect();
+        format!("{clients:?} {queues:?}")
     }
 }
 
@@ -228,61 +138,40 @@ struct Coverage {
     situations: HashSet<String>,
 }
 
-/// Rebuilds the state `prefix` leads to, checks it, and explores every step from it.
-fn explore(prefix: &mut Vec<Step>, coverage: &mut Coverage) {
-    let mut world = World::new();
-    for &step in prefix.iter() {
-        // Each step was checked when its own prefix was explored; replaying must agree.
-        world
-            .apply(step)
-            .unwrap_or_else(|failure| panic!("after {prefix:?}: {failure}"));
-    }
-    world
-        .check()
-        .unwrap_or_else(|failure| panic!("after {prefix:?}: {failure}"));
+/// Explores every step from `world`, and checks the table on every complete path.
+fn explore(world: &World, path: &mut Vec<Step>, coverage: &mut Coverage) {
     coverage.states += 1;
-    coverage.situations.insert(format!(
-        "{:?} {:?}",
-        situation(&world.clients),
-        world.queues
-    ));
+    coverage.situations.insert(world.situation());
 
     let next_steps = world.next_steps();
     if next_steps.is_empty() {
-        // Liveness: once every client has left, nothing is held, queued or stored.
-        let stats = world.table.stats();
-        assert_eq!(
-            (stats.keys, stats.held, stats.waiting),
-            (0, 0, 0),
-            "after {prefix:?}"
+        assert!(
+            world.model.live_acquirers().is_empty(),
+            "every client left, yet the model has {:?} after {path:?}",
+            world.model.live_acquirers()
         );
+        check_the_table_against(&world.model)
+            .unwrap_or_else(|failure| panic!("after {path:?}: {failure}"));
         coverage.interleavings += 1;
         return;
     }
     for step in next_steps {
-        prefix.push(step);
-        explore(prefix, coverage);
-        prefix.pop();
+        let mut next = world.clone();
+        next.apply(step);
+        path.push(step);
+        explore(&next, path, coverage);
+        path.pop();
     }
-}
-
-/// Client states without their waiter ids.
-fn situation(clients: &[Client; CLIENTS]) -> Vec<(&'static str, Option<u8>)> {
-    clients
-        .iter()
-        .map(|state| match *state {
-            Client::Idle => ("idle", None),
-            Client::Waiting { key, .. } => ("waiting", Some(key)),
-            Client::Holding { key, .. } => ("holding", Some(key)),
-            Client::Done => ("done", None),
-        })
-        .collect()
 }
 
 #[test]
 fn every_interleaving_of_three_clients_on_two_keys_keeps_every_rule() {
+    let start = World {
+        model: ReferenceModel::new(),
+        clients: [Client::Idle; CLIENTS],
+    };
     let mut coverage = Coverage::default();
-    explore(&mut Vec::new(), &mut coverage);
+    explore(&start, &mut Vec::new(), &mut coverage);
     eprintln!(
         "covered {} interleavings, {} states, {} distinct situations",
         coverage.interleavings,

@@ -13,6 +13,9 @@ mod message_api;
 mod mutual_exclusion;
 mod no_leak;
 mod ordering;
+// Not a behaviour: the one model of the table's rules that `table_model` and
+// `exhaustive_small_scope` check the real table against.
+mod reference_model;
 mod replay;
 mod replay_fuzz;
 mod replay_regressions;
