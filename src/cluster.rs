@@ -1,6 +1,9 @@
-//! Cluster mode's lease store: per-key leases in a PostgreSQL table, so that processes sharing
-//! a database exclude each other per key, each acquisition numbered by a fence.
+//! Cluster mode: per-key leases in a PostgreSQL table, so that processes sharing a database
+//! exclude each other per key, each acquisition numbered by a fence.
 //!
+//! - `registry` and `guard`: the public face, [`ClusterRegistry`] and [`ClusterGuard`].
+//! - `leases`: the process's leases and who in the process wants them (lock cohorting); it
+//!   knows the store only through [`LeaseStore`].
 //! - `lease_store`: the interface the rest of the crate uses ([`LeaseStore`], [`Fence`],
 //!   [`LeaseNotice`]); it knows no SQL.
 //! - `postgres`: [`PgLeaseStore`], the table, its invariants and its statements.
@@ -15,14 +18,15 @@ mod config;
 mod connection;
 mod entropy;
 mod error;
+mod guard;
 mod lease_store;
+mod leases;
 mod link;
 mod listener;
 mod notices;
 mod postgres;
+mod registry;
 
-pub(crate) use config::PgLeaseConfig;
-pub(crate) use error::{ClusterError, LeaseError};
-pub(crate) use lease_store::{Fence, LeaseNotice, LeaseStore};
-pub(crate) use notices::LeaseNotices;
-pub(crate) use postgres::PgLeaseStore;
+pub use error::ClusterError;
+pub use guard::ClusterGuard;
+pub use registry::{ClusterBuilder, ClusterRegistry};

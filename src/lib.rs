@@ -94,17 +94,9 @@
 // - the public face, at the top: the handle, the guard, the messages, the errors.
 mod pure;
 mod runtime;
-// Cluster mode (the `postgres` feature): leases per key in a PostgreSQL table. Crate-private
-// until the registry that uses it is written.
+// Cluster mode (the `postgres` feature): the same locks across processes, with leases per key
+// in a PostgreSQL table.
 #[cfg(feature = "postgres")]
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        unused_imports,
-        reason = "the cluster registry that will use the lease store is not written yet"
-    )
-)]
 mod cluster;
 
 mod error;
@@ -125,6 +117,8 @@ use std::hash::Hash;
 pub struct ReadmeDoctests;
 
 pub use actor::RegistryActor;
+#[cfg(feature = "postgres")]
+pub use cluster::{ClusterBuilder, ClusterError, ClusterGuard, ClusterRegistry};
 pub use error::{AcquireError, JournalError, LockError, TryAcquireError, TryLockError};
 pub use guard::KeyGuard;
 pub use registry::{LockRegistry, RegistryBuilder};

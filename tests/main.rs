@@ -4,6 +4,10 @@
 mod actor_death;
 mod bounds;
 mod cancel_safety;
+#[cfg(feature = "postgres")]
+mod cluster_processes;
+#[cfg(feature = "postgres")]
+mod cluster_registry;
 mod every_exit_releases;
 mod exhaustive_small_scope;
 mod fencing_tokens;

@@ -1,5 +1,4 @@
-//! The errors of cluster mode: [`ClusterError`] for connecting a lease store (it will be
-//! public), [`LeaseError`] for one failed lease statement (internal).
+//! The errors of cluster mode: [`ClusterError`] for connecting a lease store (public), [`LeaseError`] for one failed lease statement (internal).
 
 use std::error::Error;
 use std::fmt;
@@ -14,7 +13,7 @@ pub(crate) type BoxError = Box<dyn Error + Send + Sync + 'static>;
 /// Why a lease store could not be connected.
 #[derive(Debug)]
 #[non_exhaustive]
-pub(crate) enum ClusterError {
+pub enum ClusterError {
     /// The database URL is not a PostgreSQL connection string.
     BadUrl {
         /// The parser's complaint.
@@ -66,6 +65,13 @@ pub(crate) enum ClusterError {
         /// The longest lease accepted.
         max: Duration,
     },
+    /// More local hand-offs per lease than the fencing token's low bits can count.
+    TooManyHandoffs {
+        /// The hand-offs asked for.
+        asked: u32,
+        /// The most accepted.
+        max: u32,
+    },
     /// Any other failure of the server: authentication, a missing database, a table of another
     /// shape, a read-only server.
     Database {
@@ -110,6 +116,11 @@ impl fmt::Display for ClusterError {
                     "a lease of {lease:?} is longer than the maximum, {max:?}"
                 )
             }
+            ClusterError::TooManyHandoffs { asked, max } => write!(
+                f,
+                "max_local_handoffs of {asked} is above the maximum, {max}: a fencing token \
+                 counts the hand-offs under one lease in 20 bits"
+            ),
             ClusterError::Database { action, .. } => {
                 write!(f, "the postgresql server failed while {action}")
             }
@@ -127,7 +138,8 @@ impl Error for ClusterError {
             ClusterError::ConnectTimeout { .. }
             | ClusterError::BadTablePrefix { .. }
             | ClusterError::LeaseTooShort { .. }
-            | ClusterError::LeaseTooLong { .. } => None,
+            | ClusterError::LeaseTooLong { .. }
+            | ClusterError::TooManyHandoffs { .. } => None,
         }
     }
 }

@@ -101,7 +101,8 @@ impl PgLeaseStore {
         Ok((store, notices))
     }
 
-    /// This store's owner id, as the table's `owner` column holds it.
+    /// This store's owner id, as the table's `owner` column holds it (the tests look for it).
+    #[cfg(test)]
     pub(crate) fn owner(&self) -> &str {
         &self.owner
     }
@@ -285,10 +286,11 @@ async fn set_up_table(
         match client.batch_execute(&create).await {
             Ok(()) => {}
             // Two stores creating the table at once: one of them fails on the catalog's
-            // unique index, and the table is there all the same.
+            // unique index or on its type's name, and the table is there all the same.
             Err(error)
                 if error.code() == Some(&SqlState::UNIQUE_VIOLATION)
-                    || error.code() == Some(&SqlState::DUPLICATE_TABLE) => {}
+                    || error.code() == Some(&SqlState::DUPLICATE_TABLE)
+                    || error.code() == Some(&SqlState::DUPLICATE_OBJECT) => {}
             Err(error) => return Err(refusal(table, "creating table", error)),
         }
     }

@@ -14,10 +14,12 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{Client, NoTls};
 
-use crate::cluster::{
-    ClusterError, Fence, LeaseError, LeaseNotice, LeaseNotices, LeaseStore, PgLeaseConfig,
-    PgLeaseStore,
-};
+use crate::cluster::ClusterError;
+use crate::cluster::config::PgLeaseConfig;
+use crate::cluster::error::LeaseError;
+use crate::cluster::lease_store::{Fence, LeaseNotice, LeaseStore};
+use crate::cluster::notices::LeaseNotices;
+use crate::cluster::postgres::PgLeaseStore;
 
 /// Generous, for a loaded machine: what takes milliseconds must be done by then.
 const BOUND: Duration = Duration::from_secs(10);

@@ -1,0 +1,172 @@
+//! Several processes increment one counter under a cluster-wide lock, and a fencing token keeps
+//! a stale holder's write out.
+//!
+//! ```text
+//! cluster [--database-url URL] [--prefix P] --key K --increments N [--hold-ms H] [--lease-ms L]
+//! ```
+//!
+//! Run it in two terminals against the same PostgreSQL (it needs `--features postgres`):
+//!
+//! ```text
+//! cargo run --features postgres --example cluster -- --key account:42 --increments 100
+//! ```
+//!
+//! Each increment locks the key, reads the counter, holds the lock for `H` ms (default 10),
+//! then writes `value + 1` with the guard's fencing token, only if the row's fence is lower:
+//! a process that lost its lease while paused (stop one with Ctrl-Z past the lease, then `fg`)
+//! finds its write fenced off. It prints one line per event, flushed as it happens:
+//!
+//! ```text
+//! granted key=account:42 token=1048576
+//! wrote key=account:42 token=1048576 value=1
+//! ...
+//! done key=account:42 wrote=100 fenced=0
+//! ```
+//!
+//! The database URL defaults to the `DATABASE_URL` environment variable, else
+//! `postgres://postgres@127.0.0.1:5432/test`. The tables are `{prefix}leases` (the registry's)
+//! and `{prefix}counters` (the demo's), both created if missing; `--prefix` defaults to
+//! `keyed_locks_demo_`. `--lease-ms` (default 2000) is the lease time.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use keyed_locks::ClusterRegistry;
+use tokio_postgres::NoTls;
+use tokio_postgres::error::SqlState;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const USAGE: &str = "usage: cluster [--database-url URL] [--prefix P] --key K --increments N \
+                     [--hold-ms H] [--lease-ms L]";
+
+struct Options {
+    database_url: String,
+    prefix: String,
+    key: String,
+    increments: u64,
+    hold: Duration,
+    lease: Duration,
+}
+
+fn options() -> Result<Options, String> {
+    let mut database_url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let mut prefix = "keyed_locks_demo_".to_owned();
+    let (mut key, mut increments) = (None, None);
+    let (mut hold_ms, mut lease_ms) = (10u64, 2000u64);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or(format!("{flag} needs a value\n{USAGE}"));
+        let number = |text: String| {
+            text.parse::<u64>()
+                .map_err(|_| format!("{flag} takes a whole number, got {text:?}\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "--database-url" => database_url = value()?,
+            "--prefix" => prefix = value()?,
+            "--key" => key = Some(value()?),
+            "--increments" => increments = Some(number(value()?)?),
+            "--hold-ms" => hold_ms = number(value()?)?,
+            "--lease-ms" => lease_ms = number(value()?)?,
+            _ => return Err(format!("unknown argument {flag:?}\n{USAGE}")),
+        }
+    }
+    Ok(Options {
+        database_url,
+        prefix,
+        key: key.ok_or(format!("--key is required\n{USAGE}"))?,
+        increments: increments.ok_or(format!("--increments is required\n{USAGE}"))?,
+        hold: Duration::from_millis(hold_ms),
+        lease: Duration::from_millis(lease_ms),
+    })
+}
+
+/// Prints one line and flushes it, so that a reader of a pipe sees each event as it happens.
+fn say(line: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let options = match options() {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    let registry = ClusterRegistry::<String>::builder(&options.database_url)
+        .table_prefix(&options.prefix)
+        .lease(options.lease)
+        .connect()
+        .await?;
+
+    // The demo's own data, on a connection of its own. The prefix was checked by `connect`.
+    let (client, connection) = tokio_postgres::connect(&options.database_url, NoTls).await?;
+    tokio::spawn(connection);
+    let counters = format!("\"{}counters\"", options.prefix);
+    let created = client
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {counters} \
+             (key text PRIMARY KEY, value bigint NOT NULL, fence bigint NOT NULL)"
+        ))
+        .await;
+    match created {
+        Ok(()) => {}
+        // Another process created it at the same moment: `IF NOT EXISTS` does not guard
+        // against a concurrent creator, which fails on the catalog's unique index or on its
+        // type's name instead.
+        Err(error)
+            if error.code() == Some(&SqlState::UNIQUE_VIOLATION)
+                || error.code() == Some(&SqlState::DUPLICATE_TABLE)
+                || error.code() == Some(&SqlState::DUPLICATE_OBJECT) => {}
+        Err(error) => return Err(error.into()),
+    }
+    client
+        .execute(
+            &format!("INSERT INTO {counters} (key, value, fence) VALUES ($1, 0, 0) ON CONFLICT DO NOTHING"),
+            &[&options.key],
+        )
+        .await?;
+    let read = client
+        .prepare(&format!("SELECT value FROM {counters} WHERE key = $1"))
+        .await?;
+    let write = client
+        .prepare(&format!(
+            "UPDATE {counters} SET value = $2, fence = $3 WHERE key = $1 AND fence < $3"
+        ))
+        .await?;
+
+    let key = &options.key;
+    let (mut wrote, mut fenced) = (0u64, 0u64);
+    for _ in 0..options.increments {
+        let guard = registry.lock(key.clone()).await?;
+        let token = guard.fencing_token();
+        say(format_args!("granted key={key} token={token}"));
+        let value: i64 = client.query_one(&read, &[key]).await?.get(0);
+        tokio::time::sleep(options.hold).await;
+        if guard.is_lost() {
+            // Still write: this process plays the stale holder the fence must stop.
+            say(format_args!("lost key={key} token={token}"));
+        }
+        let fence = i64::try_from(token)?;
+        let written = client.execute(&write, &[key, &(value + 1), &fence]).await?;
+        if written == 1 {
+            wrote += 1;
+            say(format_args!(
+                "wrote key={key} token={token} value={}",
+                value + 1
+            ));
+        } else {
+            fenced += 1;
+            say(format_args!("fenced key={key} token={token}"));
+        }
+        drop(guard);
+    }
+    registry.shutdown().await;
+    say(format_args!("done key={key} wrote={wrote} fenced={fenced}"));
+    Ok(())
+}

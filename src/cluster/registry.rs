@@ -1,0 +1,379 @@
+//! [`ClusterRegistry`]: the per-key lock of [`LockRegistry`], extended across the processes
+//! that share one PostgreSQL database.
+
+use std::fmt;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::config::PgLeaseConfig;
+use super::error::ClusterError;
+use super::guard::ClusterGuard;
+use super::leases::{self, CohortBounds, HANDOFF_BITS, Interest, Lease, Leases, Next};
+use super::postgres::PgLeaseStore;
+use crate::{LockError, LockKey, LockRegistry, RegistryStats};
+
+/// Guards issued under one lease before it goes back, by default: the first holder and 15
+/// local hand-offs.
+const DEFAULT_MAX_USES: u32 = 16;
+
+/// Per-key locks shared by every process that connects to the same lease table.
+///
+/// Each process keeps its own [`LockRegistry`] for its local queues (FIFO, cancel-safe, no
+/// entry left behind) and holds a *lease* per key in a PostgreSQL table while its local
+/// holders use the key. A lease passes from one local holder to the next without a database
+/// round trip, up to a bound ([`ClusterBuilder::max_local_handoffs`],
+/// [`ClusterBuilder::max_local_hold`]); then it goes back so that other processes get their
+/// turn. A heartbeat renews the leases; a lease that cannot be renewed is *lost*, and its
+/// guard says so ([`ClusterGuard::is_lost`], [`ClusterGuard::lost`]).
+///
+/// A lease can run out while its holder is paused, so the resource you protect must check
+/// [`ClusterGuard::fencing_token`]: tokens of one key strictly increase across the whole
+/// cluster, and a write with a token lower than one the resource has seen is stale.
+///
+/// The key's [`Display`](fmt::Display) text names its lease: keys that print alike share one.
+///
+/// Cloning is cheap; every clone talks to the same local registry and leases. Dropping the
+/// last clone and the last guard stops the heartbeat; leases still held then run out on their
+/// own, as they do when the process dies. Call [`shutdown`](Self::shutdown) to give them back
+/// at once.
+pub struct ClusterRegistry<K: LockKey + fmt::Display> {
+    local: LockRegistry<K>,
+    leases: Arc<Leases<PgLeaseStore>>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// Woken by [`ClusterRegistry::shutdown`], for callers waiting for a lease.
+    closing: Notify,
+}
+
+impl<K: LockKey + fmt::Display> Clone for ClusterRegistry<K> {
+    fn clone(&self) -> Self {
+        ClusterRegistry {
+            local: self.local.clone(),
+            leases: Arc::clone(&self.leases),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<K: LockKey + fmt::Display> fmt::Debug for ClusterRegistry<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (keys, leases) = self.leases.counts();
+        f.debug_struct("ClusterRegistry")
+            .field("local", &self.local)
+            .field("keys", &keys)
+            .field("leases", &leases)
+            .finish()
+    }
+}
+
+impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
+    /// A builder for a registry on the PostgreSQL server at `database_url` (a `postgres://`
+    /// URL, or tokio-postgres' `key=value` form).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use keyed_locks::ClusterRegistry;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .table_prefix("orders_")
+    ///     .lease(Duration::from_secs(10))
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder(database_url: impl Into<String>) -> ClusterBuilder<K> {
+        ClusterBuilder {
+            config: PgLeaseConfig::new(database_url),
+            heartbeat: None,
+            max_uses: DEFAULT_MAX_USES,
+            max_hold: None,
+            local: LockRegistry::builder(),
+        }
+    }
+
+    /// Waits for `key` in this process (FIFO), then for its lease, and returns a guard that
+    /// holds both.
+    ///
+    /// While another process holds the lease, the wait is woken by the release's
+    /// notification, or by polling the table at a random interval between half the lease and
+    /// the whole of it if a notification is lost. While the database cannot be reached, it
+    /// retries with a growing delay (at most half the lease); bound the wait with
+    /// `tokio::time::timeout` if you need to.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe. Dropping the future at any point gives up the place in the local queue,
+    /// and a lease being taken for it at that moment is recorded all the same (the statement
+    /// runs in a task of its own), then passed to the next local waiter or released.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] after [`shutdown`](Self::shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .connect()
+    ///     .await?;
+    /// let guard = registry.lock("account:42".to_string()).await?;
+    /// // Write with `guard.fencing_token()`, and have the store refuse lower tokens.
+    /// println!("token {}", guard.fencing_token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn lock(&self, key: K) -> Result<ClusterGuard<K>, LockError> {
+        let interest = self.leases.register(&key.to_string());
+        let local = self.local.lock(key).await?;
+        let lease = self.lease_for(&interest).await?;
+        Ok(ClusterGuard::new(local, lease, interest))
+    }
+
+    /// Holds the lease for the local holder of `interest`'s key.
+    async fn lease_for(&self, interest: &Interest<PgLeaseStore>) -> Result<Lease, LockError> {
+        let leases = interest.leases();
+        let mut retry_delay = Duration::from_millis(10);
+        loop {
+            // Listening before asking: a release announced in between is not slept through.
+            let mut released = pin!(interest.released().notified());
+            released.as_mut().enable();
+            let mut closing = pin!(self.shared.closing.notified());
+            closing.as_mut().enable();
+            if self.local.is_closed() {
+                return Err(LockError::Closed);
+            }
+            match leases.next_for_holder(interest.name()) {
+                Next::Use(lease) => return Ok(lease),
+                Next::Acquire {
+                    after_release: None,
+                } => {}
+                Next::Acquire {
+                    after_release: Some(release),
+                } => {
+                    // The process gave the lease back at its bound. Waiting twice the release's
+                    // round trip before asking again lets a process that heard the release
+                    // notice get its acquire in first.
+                    let round_trip = release.await.unwrap_or(Duration::ZERO);
+                    tokio::time::sleep((2 * round_trip).max(Duration::from_millis(1))).await;
+                }
+            }
+            match leases.acquire(interest.name()).await {
+                Ok(Some(lease)) => return Ok(lease),
+                Ok(None) => {
+                    tokio::select! {
+                        () = released => {}
+                        () = closing => return Err(LockError::Closed),
+                        () = tokio::time::sleep(leases.poll_interval()) => {}
+                    }
+                }
+                Err(failed) => {
+                    tracing::warn!(
+                        target: "keyed_locks::cluster",
+                        key = %interest.name(),
+                        error = %failed.0,
+                        "could not ask for a lease; trying again in {retry_delay:?}"
+                    );
+                    tokio::select! {
+                        () = closing => return Err(LockError::Closed),
+                        () = tokio::time::sleep(retry_delay) => {}
+                    }
+                    retry_delay = (retry_delay * 2).min(leases.lease() / 2);
+                }
+            }
+        }
+    }
+
+    /// The local registry's counts: keys with a local holder or waiter.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] after [`shutdown`](Self::shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .connect()
+    ///     .await?;
+    /// assert_eq!(registry.stats().await?.keys, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn stats(&self) -> Result<RegistryStats, LockError> {
+        self.local.stats().await
+    }
+
+    /// How many leases this process holds now.
+    pub fn leases_held(&self) -> usize {
+        self.leases.counts().1
+    }
+
+    /// Stops the local registry (every local waiter gets [`LockError::Closed`]), releases
+    /// every lease this process holds, and marks their guards lost.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future part-way may leave leases to run out on their own instead of being
+    /// released; nothing else is left behind.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .connect()
+    ///     .await?;
+    /// registry.shutdown().await;
+    /// assert!(registry.lock("k".to_string()).await.is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn shutdown(&self) {
+        self.local.shutdown().await;
+        self.shared.closing.notify_waiters();
+        self.leases.release_everything().await;
+    }
+}
+
+/// Configures and connects a [`ClusterRegistry`]. Made by [`ClusterRegistry::builder`].
+#[must_use = "a builder does nothing until `connect`"]
+pub struct ClusterBuilder<K: LockKey + fmt::Display> {
+    config: PgLeaseConfig,
+    heartbeat: Option<Duration>,
+    max_uses: u32,
+    max_hold: Option<Duration>,
+    local: crate::RegistryBuilder<K>,
+}
+
+impl<K: LockKey + fmt::Display> fmt::Debug for ClusterBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterBuilder")
+            .field("table_prefix", &self.config.table_prefix)
+            .field("lease", &self.config.lease)
+            .field("heartbeat", &self.heartbeat)
+            .field("max_local_handoffs", &(self.max_uses - 1))
+            .field("max_local_hold", &self.max_hold)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
+    /// The lease table is `{prefix}leases`: ASCII letters, digits and underscores, not
+    /// starting with a digit. Default `keyed_locks_`.
+    pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.table_prefix = prefix.into();
+        self
+    }
+
+    /// How long a lease lasts without renewal: after a process dies or stalls, other
+    /// processes wait this long for its keys. Default 30 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// How often held leases are renewed. Default a quarter of the lease; at most a third of
+    /// it, so that two renewals can fail before the lease runs out.
+    pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
+        self.heartbeat = Some(heartbeat);
+        self
+    }
+
+    /// The longest wait for the server when connecting. Default 5 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
+        self
+    }
+
+    /// How many times a lease passes from one local holder to the next before it goes back.
+    /// Default 15. 0 sends every lock to the database.
+    pub fn max_local_handoffs(mut self, handoffs: u32) -> Self {
+        self.max_uses = handoffs.saturating_add(1);
+        self
+    }
+
+    /// How long one lease may stay in the process while local holders pass it on. Default
+    /// half the lease.
+    pub fn max_local_hold(mut self, hold: Duration) -> Self {
+        self.max_hold = Some(hold);
+        self
+    }
+
+    /// Settings of the local registry (shards, execution mode, journal).
+    pub fn local(
+        mut self,
+        configure: impl FnOnce(crate::RegistryBuilder<K>) -> crate::RegistryBuilder<K>,
+    ) -> Self {
+        self.local = configure(self.local);
+        self
+    }
+
+    /// Checks the settings, connects, creates the lease table if missing, checks this role
+    /// can use it, and starts the heartbeat. Must run inside a tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future part-way closes what it opened; the lease table may have been
+    /// created.
+    ///
+    /// # Errors
+    ///
+    /// A [`ClusterError`] naming the cause: a bad setting (found before connecting), an
+    /// unreachable or silent server (within the connect timeout), a missing permission on the
+    /// table, or any other refusal by the server.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let unreachable = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1:1/test")
+    ///     .connect()
+    ///     .await;
+    /// assert!(unreachable.is_err());
+    /// # }
+    /// ```
+    pub async fn connect(mut self) -> Result<ClusterRegistry<K>, ClusterError> {
+        let max_uses_limit = 1u32 << HANDOFF_BITS;
+        if self.max_uses > max_uses_limit {
+            return Err(ClusterError::TooManyHandoffs {
+                asked: self.max_uses - 1,
+                max: max_uses_limit - 1,
+            });
+        }
+        self.config.heartbeat = self.heartbeat.unwrap_or(self.config.lease / 4);
+        let bounds = CohortBounds {
+            max_uses: self.max_uses,
+            max_hold: self.max_hold.unwrap_or(self.config.lease / 2),
+        };
+        let (store, notices) = PgLeaseStore::connect(&self.config).await?;
+        let leases = Leases::new(store, bounds, self.config.lease);
+        leases::spawn_background(&leases, notices, self.config.heartbeat);
+        Ok(ClusterRegistry {
+            local: self.local.spawn(),
+            leases,
+            shared: Arc::new(Shared {
+                closing: Notify::new(),
+            }),
+        })
+    }
+}

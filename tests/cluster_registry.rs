@@ -1,0 +1,282 @@
+//! Cluster mode in one test process: two `ClusterRegistry`s on one lease table stand for two
+//! processes (each has its own connections and owner id). Against the real PostgreSQL server
+//! at `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`); each test has a
+//! table prefix of its own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use keyed_locks::{ClusterError, ClusterRegistry, LockError};
+use tokio::time::{Instant, timeout};
+
+pub(crate) fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// Drops the tables of `prefix`, so a test starts from nothing whatever ran before.
+pub(crate) async fn fresh_prefix(prefix: &str) -> String {
+    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .expect("PostgreSQL must be up for the cluster tests (see .ci/run)");
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS \"{prefix}leases\"; DROP TABLE IF EXISTS \"{prefix}counters\";"
+        ))
+        .await
+        .expect("dropping the test's tables");
+    prefix.to_owned()
+}
+
+async fn registry(prefix: &str, lease: Duration) -> ClusterRegistry<String> {
+    ClusterRegistry::builder(database_url())
+        .table_prefix(prefix)
+        .lease(lease)
+        .connect()
+        .await
+        .expect("connects to the test server")
+}
+
+/// Generous: the machine is small and shared, and the server is real.
+const BOUND: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_exclude_each_other_and_tokens_increase_across_them() {
+    let prefix = fresh_prefix("kl_test_exclusion_").await;
+    let first = registry(&prefix, Duration::from_secs(5)).await;
+    let second = registry(&prefix, Duration::from_secs(5)).await;
+    let inside = Arc::new(AtomicBool::new(false));
+    let last_token = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for (index, registry) in [first.clone(), second.clone()]
+        .into_iter()
+        .cycle()
+        .take(8)
+        .enumerate()
+    {
+        let (inside, last_token) = (Arc::clone(&inside), Arc::clone(&last_token));
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let guard = registry.lock("k".to_owned()).await?;
+                assert!(
+                    !inside.swap(true, Ordering::SeqCst),
+                    "task {index}: two holders"
+                );
+                let previous = last_token.swap(guard.fencing_token(), Ordering::SeqCst);
+                assert!(guard.fencing_token() > previous, "tokens must increase");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                inside.store(false, Ordering::SeqCst);
+            }
+            Ok::<_, LockError>(())
+        }));
+    }
+    for task in tasks {
+        timeout(BOUND, task)
+            .await
+            .expect("no deadlock")
+            .unwrap()
+            .unwrap();
+    }
+    for registry in [&first, &second] {
+        assert_eq!(registry.stats().await.unwrap().keys, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_holders_share_one_lease_up_to_the_bound() {
+    let prefix = fresh_prefix("kl_test_cohort_").await;
+    let registry = ClusterRegistry::<String>::builder(database_url())
+        .table_prefix(&prefix)
+        .lease(Duration::from_secs(5))
+        .max_local_handoffs(3)
+        .connect()
+        .await
+        .unwrap();
+    // Eight local tasks queue on the key while the first holds it.
+    let first = registry.lock("k".to_owned()).await.unwrap();
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let waiters: Vec<_> = (0..8)
+        .map(|_| {
+            let (registry, tokens) = (registry.clone(), Arc::clone(&tokens));
+            tokio::spawn(async move {
+                let guard = registry.lock("k".to_owned()).await.unwrap();
+                tokens.lock().unwrap().push(guard.fencing_token());
+            })
+        })
+        .collect();
+    while registry.stats().await.unwrap().waiting < 8 {
+        tokio::task::yield_now().await;
+    }
+    let first_token = first.fencing_token();
+    drop(first);
+    for waiter in waiters {
+        timeout(BOUND, waiter).await.unwrap().unwrap();
+    }
+    let mut all = vec![first_token];
+    all.extend(tokens.lock().unwrap().iter().copied());
+    assert!(all.windows(2).all(|pair| pair[0] < pair[1]), "{all:?}");
+    // Nine guards, at most four per lease (the first holder and three hand-offs): three
+    // leases, and hand-offs under one lease count up in the low bits.
+    let fences: Vec<u64> = all.iter().map(|token| token >> 20).collect();
+    let mut distinct = fences.clone();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "fences {fences:?}");
+    assert_eq!(
+        all[1] - all[0],
+        1,
+        "a local hand-off: same fence, next count"
+    );
+    registry.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_released_when_the_last_local_user_goes() {
+    let prefix = fresh_prefix("kl_test_release_").await;
+    let first = registry(&prefix, Duration::from_secs(30)).await;
+    let second = registry(&prefix, Duration::from_secs(30)).await;
+    drop(first.lock("k".to_owned()).await.unwrap());
+    // With a 30 s lease, only a release lets the other process in within the bound.
+    let started = Instant::now();
+    let guard = timeout(Duration::from_secs(10), second.lock("k".to_owned()))
+        .await
+        .expect("the lease was released, not left to run out")
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    drop(guard);
+    assert_eq!(first.leases_held(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_cancelled_while_waiting_for_the_lease_leaves_nothing_behind() {
+    let prefix = fresh_prefix("kl_test_cancel_").await;
+    let holder = registry(&prefix, Duration::from_secs(30)).await;
+    let waiter = registry(&prefix, Duration::from_secs(30)).await;
+    let held = holder.lock("k".to_owned()).await.unwrap();
+    // The other process waits for the lease (held elsewhere), and gives up.
+    let gave_up = timeout(Duration::from_millis(300), waiter.lock("k".to_owned())).await;
+    assert!(gave_up.is_err(), "the lease is held elsewhere");
+    assert_eq!(waiter.stats().await.unwrap().keys, 0, "no local entry left");
+    assert_eq!(waiter.leases_held(), 0);
+    drop(held);
+    // Nothing wedged: the key can be taken at once, by either side.
+    let again = timeout(BOUND, waiter.lock("k".to_owned()))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(again);
+    let _guard = timeout(BOUND, holder.lock("k".to_owned()))
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_dropped_at_every_moment_leave_no_lease_behind() {
+    let prefix = fresh_prefix("kl_test_cancel_storm_").await;
+    let registry = registry(&prefix, Duration::from_secs(30)).await;
+    let other = self::registry(&prefix, Duration::from_secs(30)).await;
+    // Give up after 0, 1, 2, ... ms: some while queued locally, some while the acquire
+    // statement runs, some just after it took the lease.
+    for micros in (0..40u64).map(|step| step * 250) {
+        let _ = timeout(Duration::from_micros(micros), registry.lock("k".to_owned())).await;
+    }
+    // A lease taken for a caller that went away is released, not left to run out in 30 s.
+    let _guard = timeout(Duration::from_secs(10), other.lock("k".to_owned()))
+        .await
+        .expect("no lease left behind")
+        .unwrap();
+    assert_eq!(registry.stats().await.unwrap().keys, 0);
+    let deadline = Instant::now() + BOUND;
+    while registry.leases_held() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled acquisitions' leases were dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_the_leases_and_marks_the_guards_lost() {
+    let prefix = fresh_prefix("kl_test_shutdown_").await;
+    let stopping = registry(&prefix, Duration::from_secs(30)).await;
+    let other = registry(&prefix, Duration::from_secs(30)).await;
+    let guard = stopping.lock("k".to_owned()).await.unwrap();
+    assert!(!guard.is_lost());
+    stopping.shutdown().await;
+    assert!(guard.is_lost());
+    timeout(Duration::from_secs(1), guard.lost())
+        .await
+        .expect("lost() completes");
+    assert_eq!(
+        stopping.lock("j".to_owned()).await.unwrap_err(),
+        LockError::Closed
+    );
+    // Released, not left to run out: the other process gets it well within the 30 s lease.
+    let taken = timeout(Duration::from_secs(10), other.lock("k".to_owned()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(taken.fencing_token() > guard.fencing_token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heartbeat_keeps_a_lease_past_its_length() {
+    let prefix = fresh_prefix("kl_test_heartbeat_").await;
+    let lease = Duration::from_millis(900);
+    let holder = registry(&prefix, lease).await;
+    let other = registry(&prefix, lease).await;
+    let guard = holder.lock("k".to_owned()).await.unwrap();
+    let token = guard.fencing_token();
+    // While the holder's heartbeat runs, the lease stays ours past its length.
+    tokio::time::sleep(lease * 2).await;
+    assert!(!guard.is_lost(), "renewed by the heartbeat");
+    let blocked = timeout(lease / 2, other.lock("k".to_owned())).await;
+    assert!(blocked.is_err(), "held elsewhere, and renewed");
+    assert_eq!(token, guard.fencing_token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_settings_fail_at_connect_with_a_clear_error() {
+    let bad_prefix = ClusterRegistry::<String>::builder(database_url())
+        .table_prefix("bad-name; drop table x")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(bad_prefix.to_string().contains("prefix"), "{bad_prefix}");
+
+    let started = Instant::now();
+    let unreachable = ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1:1/test")
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10), "no hang");
+    assert!(!unreachable.to_string().is_empty());
+
+    let heartbeat_too_slow = ClusterRegistry::<String>::builder(database_url())
+        .table_prefix("kl_test_settings_")
+        .lease(Duration::from_secs(1))
+        .heartbeat(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        heartbeat_too_slow.to_string().contains("heartbeat"),
+        "{heartbeat_too_slow}"
+    );
+
+    let too_many_handoffs = ClusterRegistry::<String>::builder(database_url())
+        .table_prefix("kl_test_settings_")
+        .max_local_handoffs(u32::MAX)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        too_many_handoffs.to_string().contains("max_local_handoffs"),
+        "{too_many_handoffs}"
+    );
+    let _: &ClusterError = &too_many_handoffs;
+}
