@@ -60,8 +60,10 @@
 //!   mutex per shard, or `dashmap`, is simpler and faster.
 //! - **A fixed, small set of keys** known up front: a `tokio::sync::Mutex` per key in a plain
 //!   struct needs no registry at all.
-//! - **Across processes or machines**: this registry lives in one process. Use a database or
-//!   a lease service (and check the fencing token at the resource).
+//! - **Across processes or machines**, `LockRegistry` alone: it lives in one process. With
+//!   the `postgres` feature, `ClusterRegistry` takes the same locks across the processes that
+//!   share a PostgreSQL database, with leases and fencing tokens (check them at the
+//!   resource).
 //! - **Throughput above all**: on the repository's 2-core benchmarks the best mutex-map
 //!   crate does 1.3× (one key, many tasks) to 1.6× (many keys, many tasks) more lock/unlock
 //!   pairs per second. The README has the figures and the commands that measure them.
