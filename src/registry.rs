@@ -290,6 +290,24 @@ impl<K: LockKey> LockRegistry<K> {
         }
     }
 
+    /// Records what cluster mode did with a lease in the journal of the first shard, in order
+    /// with the table's events. Never waits. The lease belongs to no shard, and a note does
+    /// not change any table, so one shard's journal is as good as another's.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn note_lease(&self, name: &str, event: crate::journal::LeaseEvent) {
+        let event = crate::journal::JournalEvent::Lease(Box::new(crate::journal::LeaseNote {
+            name: name.to_owned(),
+            event,
+        }));
+        // Comes to nothing only when the registry has stopped: then nobody reads the journal
+        // it keeps any more, since the final journal was taken at the stop.
+        let _ = owner::call(
+            &self.shards[0].requests,
+            || ((), ()),
+            |_| Request::Note { event },
+        );
+    }
+
     /// The journal of every shard, in shard order; one journal for a registry with one shard.
     ///
     /// Each shard owns a table of its own, so each journal replays on its own
@@ -717,6 +735,12 @@ impl<K: LockKey> RegistryBuilder<K> {
     pub fn execution(mut self, execution: Execution) -> Self {
         self.execution = execution;
         self
+    }
+
+    /// Whether the registry will keep a journal.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn journaling(&self) -> bool {
+        self.journal_capacity.is_some()
     }
 
     /// Spawns the registry actor (one per shard) on the current tokio runtime.

@@ -280,3 +280,42 @@ async fn bad_settings_fail_at_connect_with_a_clear_error() {
     );
     let _: &ClusterError = &too_many_handoffs;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_records_the_leases_as_notes_and_still_replays() {
+    use keyed_locks::journal::{JournalEvent, LeaseEvent};
+    let prefix = fresh_prefix("kl_test_journal_").await;
+    let registry = ClusterRegistry::<String>::builder(database_url())
+        .table_prefix(&prefix)
+        .lease(Duration::from_secs(30))
+        .local(|local| local.journal(1_000))
+        .connect()
+        .await
+        .unwrap();
+    let guard = registry.lock("k".to_owned()).await.unwrap();
+    let fence = guard.fencing_token() >> 20;
+    drop(guard);
+    let deadline = Instant::now() + BOUND;
+    while registry.leases_held() > 0 {
+        assert!(Instant::now() < deadline, "the lease goes back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let journal = registry.journal().await.unwrap();
+    let notes: Vec<LeaseEvent> = journal
+        .entries
+        .iter()
+        .filter_map(|entry| match &entry.event {
+            JournalEvent::Lease(note) if note.name == "k" => Some(note.event),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        notes,
+        [
+            LeaseEvent::Requested,
+            LeaseEvent::Granted { fence },
+            LeaseEvent::Released { fence },
+        ]
+    );
+    keyed_locks::replay::verify(&journal).unwrap();
+}

@@ -335,3 +335,24 @@ async fn a_journal_that_dropped_events_is_refused_for_replay() {
         Err(VerifyError::Replay(ReplayError::Incomplete { dropped: 1 }))
     );
 }
+
+#[test]
+fn lease_notes_are_copied_by_a_replay_and_change_nothing_in_the_table() {
+    let trace = "1 +0.000000s acquire w1 \"k\"\n\
+                 2 +0.000000s grant w1 1\n\
+                 3 +0.000000s lease_requested \"k\"\n\
+                 4 +0.000100s lease_granted 5 \"k\"\n\
+                 5 +0.000200s lease_released 5 \"k\"\n\
+                 6 +0.000200s release w1\n";
+    let recorded = parse_trace::<String, _>(trace, &StringKeys).unwrap();
+    verify(&recorded).unwrap();
+    let replayed = replay(&recorded).unwrap();
+    assert_eq!(replayed, recorded.entries);
+
+    // The table's own events are still checked around the notes.
+    let tampered = trace.replace("grant w1 1", "grant w1 2");
+    let tampered = parse_trace::<String, _>(&tampered, &StringKeys).unwrap();
+    assert!(
+        matches!(verify(&tampered), Err(VerifyError::Diverged(divergence)) if divergence.seq == 2)
+    );
+}

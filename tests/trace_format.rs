@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use keyed_locks::journal::{Journal, JournalEntry, JournalEvent, Refusal, parse_waiter};
+use keyed_locks::journal::{
+    Journal, JournalEntry, JournalEvent, LeaseEvent, LeaseNote, Refusal, parse_waiter,
+};
 use keyed_locks::table::WaiterId;
 use keyed_locks::trace::{
     Expected, IntegerKeys, KeyCodec, StringKeyError, StringKeys, TraceError, parse_trace,
@@ -533,6 +535,16 @@ fn any_event() -> impl Strategy<Value = JournalEvent<String>> {
             ]
         )
             .prop_map(|(waiter, reason)| JournalEvent::Refused { waiter, reason }),
+        (
+            any_key(),
+            prop_oneof![
+                Just(LeaseEvent::Requested),
+                any::<u64>().prop_map(|fence| LeaseEvent::Granted { fence }),
+                any::<u64>().prop_map(|fence| LeaseEvent::Lost { fence }),
+                any::<u64>().prop_map(|fence| LeaseEvent::Released { fence }),
+            ]
+        )
+            .prop_map(|(name, event)| JournalEvent::Lease(Box::new(LeaseNote { name, event }))),
     ]
 }
 
@@ -576,4 +588,73 @@ proptest! {
         IntegerKeys.encode(&key, &mut text);
         prop_assert_eq!(KeyCodec::<i128>::decode(&IntegerKeys, &text).unwrap(), key);
     }
+}
+
+#[test]
+fn lease_notes_are_written_with_quoted_names_whatever_the_key_codec() {
+    let notes = [
+        (LeaseEvent::Requested, "lease_requested \"account:42\""),
+        (
+            LeaseEvent::Granted { fence: 7 },
+            "lease_granted 7 \"account:42\"",
+        ),
+        (LeaseEvent::Lost { fence: 7 }, "lease_lost 7 \"account:42\""),
+        (
+            LeaseEvent::Released { fence: 8 },
+            "lease_released 8 \"account:42\"",
+        ),
+    ];
+    let journal = Journal {
+        entries: notes
+            .iter()
+            .zip(1..)
+            .map(|((event, _), seq)| {
+                entry(
+                    seq,
+                    0,
+                    JournalEvent::<u64>::Lease(Box::new(LeaseNote {
+                        name: "account:42".to_owned(),
+                        event: *event,
+                    })),
+                )
+            })
+            .collect(),
+        dropped: 0,
+    };
+    // Integer keys, yet the lease's name is text.
+    let trace = write_trace(&journal, &IntegerKeys);
+    for ((_, line), seq) in notes.iter().zip(1..) {
+        assert!(
+            trace.contains(&format!("{seq} +0.000000s {line}\n")),
+            "{trace}"
+        );
+    }
+    assert_eq!(parse_trace(&trace, &IntegerKeys).unwrap(), journal);
+    assert!(
+        journal
+            .entries
+            .iter()
+            .all(|entry| entry.event.is_note() && !entry.event.is_input())
+    );
+}
+
+#[test]
+fn a_malformed_lease_note_is_rejected_with_what_was_expected() {
+    for (bad_line, expected) in [
+        ("3 +0.000001s lease_granted \"k\"", Expected::Fence),
+        ("3 +0.000001s lease_lost -1 \"k\"", Expected::Fence),
+        ("3 +0.000001s lease_released 4", Expected::LeaseName),
+        ("3 +0.000001s lease_requested", Expected::LeaseName),
+    ] {
+        let error = error_for_line_five(bad_line);
+        assert!(
+            matches!(error, TraceError::Expected { line: 5, expected: found, .. } if found == expected),
+            "{bad_line}: {error:?}"
+        );
+    }
+    let unquoted = error_for_line_five("3 +0.000001s lease_requested k");
+    assert!(
+        matches!(unquoted, TraceError::Key { line: 5, .. }),
+        "{unquoted:?}"
+    );
 }

@@ -35,6 +35,10 @@ use tokio::time::Instant;
 use super::entropy::random_u64;
 use super::lease_store::{Fence, LeaseNotice, LeaseStore};
 use super::notices::LeaseNotices;
+use crate::journal::LeaseEvent;
+
+/// Records a lease event in the local registry's journal (when it keeps one).
+pub(crate) type LeaseJournal = Box<dyn Fn(&str, LeaseEvent) + Send + Sync>;
 
 /// Bits of a fencing token that count local hand-offs under one fence; the fence is in the bits
 /// above. A fence below 2^44 (17.6 trillion acquisitions of one key) keeps tokens increasing.
@@ -61,6 +65,7 @@ pub(crate) struct Leases<S> {
     bounds: CohortBounds,
     lease: Duration,
     keys: Mutex<HashMap<String, KeyLease>>,
+    journal: Option<LeaseJournal>,
     /// The heartbeat and notice tasks, stopped when the last handle on these leases goes.
     background: Mutex<Vec<tokio::task::AbortHandle>>,
 }
@@ -134,14 +139,26 @@ pub(crate) struct Lease {
 }
 
 impl<S: LeaseStore> Leases<S> {
-    pub(crate) fn new(store: S, bounds: CohortBounds, lease: Duration) -> Arc<Self> {
+    pub(crate) fn new(
+        store: S,
+        bounds: CohortBounds,
+        lease: Duration,
+        journal: Option<LeaseJournal>,
+    ) -> Arc<Self> {
         Arc::new(Leases {
             store,
             bounds,
             lease,
             keys: Mutex::new(HashMap::new()),
+            journal,
             background: Mutex::new(Vec::new()),
         })
+    }
+
+    fn record(&self, name: &str, event: LeaseEvent) {
+        if let Some(journal) = &self.journal {
+            journal(name, event);
+        }
     }
 
     fn keys(&self) -> MutexGuard<'_, HashMap<String, KeyLease>> {
@@ -218,6 +235,7 @@ impl<S: LeaseStore> Leases<S> {
     ) -> Result<Option<Lease>, AcquireFailed> {
         let leases = Arc::clone(self);
         let owned_name = name.to_owned();
+        self.record(name, LeaseEvent::Requested);
         let attempt = tokio::spawn(async move {
             let started = Instant::now();
             match leases.store.acquire(&owned_name).await {
@@ -260,7 +278,9 @@ impl<S: LeaseStore> Leases<S> {
             }
             // Our own later statement took the row over: the older lease is gone.
             held.validity.send_modify(|validity| validity.lost = true);
+            self.record(name, LeaseEvent::Lost { fence: held.fence });
         }
+        self.record(name, LeaseEvent::Granted { fence });
         let (validity, _) = watch::channel(Validity {
             lost: false,
             until: started + self.lease,
@@ -314,6 +334,7 @@ impl<S: LeaseStore> Leases<S> {
         fence: Fence,
     ) -> tokio::task::JoinHandle<Duration> {
         let leases = Arc::clone(self);
+        self.record(&name, LeaseEvent::Released { fence });
         tokio::spawn(async move {
             let started = Instant::now();
             let released = leases.store.release(&name, fence).await;
@@ -420,6 +441,7 @@ impl<S: LeaseStore> Leases<S> {
             keys.remove(name);
         }
         drop(keys);
+        self.record(name, LeaseEvent::Lost { fence });
         tracing::warn!(
             target: "keyed_locks::cluster",
             key = %name,
@@ -445,10 +467,10 @@ impl<S: LeaseStore> Leases<S> {
 
     /// Releases every lease of this process (shutdown) and tells their guards they are lost.
     pub(crate) async fn release_everything(&self) {
-        let held: Vec<Held> = self
+        let held: Vec<(String, Held)> = self
             .keys()
-            .values_mut()
-            .filter_map(|entry| entry.held.take())
+            .iter_mut()
+            .filter_map(|(name, entry)| Some((name.clone(), entry.held.take()?)))
             .collect();
         if let Err(error) = self.store.release_all().await {
             tracing::warn!(
@@ -457,8 +479,9 @@ impl<S: LeaseStore> Leases<S> {
                 "could not release the leases at shutdown; they will run out on their own"
             );
         }
-        for held in held {
+        for (name, held) in held {
             held.validity.send_modify(|validity| validity.lost = true);
+            self.record(&name, LeaseEvent::Released { fence: held.fence });
         }
     }
 

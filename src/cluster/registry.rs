@@ -221,6 +221,37 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
         self.local.stats().await
     }
 
+    /// The local registry's journal (built with `.local(|local| local.journal(capacity))`):
+    /// its table's events, with what the process did with each lease as notes
+    /// ([`JournalEvent::Lease`](crate::journal::JournalEvent::Lease)) in between. It replays
+    /// against the table like any journal ([`replay`](crate::replay)).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockRegistry::journal`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .local(|local| local.journal(10_000))
+    ///     .connect()
+    ///     .await?;
+    /// drop(registry.lock("k".to_string()).await?);
+    /// keyed_locks::replay::verify(&registry.journal().await?)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn journal(&self) -> Result<crate::journal::Journal<K>, crate::JournalError> {
+        self.local.journal().await
+    }
+
     /// How many leases this process holds now.
     pub fn leases_held(&self) -> usize {
         self.leases.counts().1
@@ -366,10 +397,16 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
             max_hold: self.max_hold.unwrap_or(self.config.lease / 2),
         };
         let (store, notices) = PgLeaseStore::connect(&self.config).await?;
-        let leases = Leases::new(store, bounds, self.config.lease);
+        let journaling = self.local.journaling();
+        let local = self.local.spawn();
+        let journal: Option<leases::LeaseJournal> = journaling.then(|| {
+            let local = local.clone();
+            Box::new(move |name: &str, event| local.note_lease(name, event)) as _
+        });
+        let leases = Leases::new(store, bounds, self.config.lease, journal);
         leases::spawn_background(&leases, notices, self.config.heartbeat);
         Ok(ClusterRegistry {
-            local: self.local.spawn(),
+            local,
             leases,
             shared: Arc::new(Shared {
                 closing: Notify::new(),

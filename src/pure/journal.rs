@@ -74,9 +74,52 @@ pub enum JournalEvent<K> {
         /// Why.
         reason: Refusal,
     },
+    /// A note, neither input nor output of the table: what cluster mode did with the lease of
+    /// a key, recorded in order with the table's events. A replay copies notes as they are.
+    /// Boxed: notes are rare, and every other event stays small.
+    Lease(Box<LeaseNote>),
+}
+
+/// What cluster mode did with one lease (see [`JournalEvent::Lease`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseNote {
+    /// The lease's name: the key's `Display` text.
+    pub name: String,
+    /// What happened to it.
+    pub event: LeaseEvent,
+}
+
+/// What happened to a key's lease in cluster mode (see [`JournalEvent::Lease`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LeaseEvent {
+    /// The key's local holder asked the lease table for the lease.
+    Requested,
+    /// The process took the lease under `fence`.
+    Granted {
+        /// The lease row's fence, the high bits of the guards' fencing tokens.
+        fence: u64,
+    },
+    /// The lease under `fence` was lost: taken by another process, not renewed in time, or
+    /// given up at shutdown.
+    Lost {
+        /// The lost lease's fence.
+        fence: u64,
+    },
+    /// The process gave the lease under `fence` back.
+    Released {
+        /// The released lease's fence.
+        fence: u64,
+    },
 }
 
 impl<K> JournalEvent<K> {
+    /// Whether this is a note ([`JournalEvent::Lease`]): recorded in order with the table's
+    /// events, but neither an input nor an output of the table.
+    pub fn is_note(&self) -> bool {
+        matches!(self, JournalEvent::Lease(_))
+    }
+
     /// Whether this is an input to the table (as opposed to an output it produced).
     pub fn is_input(&self) -> bool {
         matches!(
@@ -243,6 +286,17 @@ where
                 dropped: ring.dropped,
             },
             None => Journal::default(),
+        }
+    }
+
+    /// Records a note ([`JournalEvent::is_note`]) in order with the table's events; the table
+    /// itself does not change. Anything else is ignored: the table's own events are recorded
+    /// only by the calls that cause them.
+    pub fn note(&mut self, event: JournalEvent<K>) {
+        if let Some(ring) = &mut self.ring
+            && event.is_note()
+        {
+            ring.push(event);
         }
     }
 

@@ -159,7 +159,7 @@ where
     for entry in journal
         .entries
         .iter()
-        .filter(|entry| entry.event.is_input())
+        .filter(|entry| entry.event.is_input() || entry.event.is_note())
     {
         table.set_time(entry.at);
         // Results are ignored: the journaled table records them, refusals included, and the
@@ -183,6 +183,7 @@ where
             JournalEvent::Shutdown => {
                 let _ = table.shutdown();
             }
+            JournalEvent::Lease(_) => table.note(entry.event.clone()),
             JournalEvent::Grant { .. }
             | JournalEvent::WouldBlock { .. }
             | JournalEvent::Closed { .. }

@@ -39,16 +39,29 @@
 //!          | "grant " waiter " " count              (* the fencing token *)
 //!          | "would_block " key
 //!          | "closed " waiter
-//!          | "refused " waiter " " refusal ;
+//!          | "refused " waiter " " refusal
+//!          | "lease_requested " name                 (* notes: see "Lease notes" *)
+//!          | "lease_granted " count " " name         (* the lease's fence *)
+//!          | "lease_lost " count " " name
+//!          | "lease_released " count " " name ;
 //! refusal  = "unknown" | "not_holding" | "not_waiting" ;
 //! waiter   = "w" count ;                            (* arrival number, from 1: w17 *)
 //! key      = { any character } ;                    (* the rest of the line, read by the codec *)
+//! name     = { any character } ;                    (* the rest of the line, as StringKeys *)
 //! count    = digit { digit } ;                      (* fits a u64 *)
 //! ```
 //!
 //! A line that starts with `# dropped` is a dropped line and must be well formed; a line that
 //! starts with `# keyed-locks trace ` is a header and must name `v2`. A comment cannot follow an
 //! event on the same line, because a key runs to the end of its line.
+//!
+//! # Lease notes
+//!
+//! In cluster mode the journal also records what the process did with each key's lease
+//! (`lease_granted 7 "account:42"`). These lines are notes: neither inputs nor outputs of the
+//! table. A replay copies them where they stand, so a cluster process's journal replays
+//! against its table like any other. A lease is named by text (its key's `Display`), written
+//! as [`StringKeys`] writes a key, whatever the registry's key codec.
 //!
 //! # Versions
 //!
@@ -72,7 +85,10 @@ use std::fmt;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::journal::{Journal, JournalEntry, JournalEvent, Refusal, format_waiter, parse_waiter};
+use crate::journal::{
+    Journal, JournalEntry, JournalEvent, LeaseEvent, LeaseNote, Refusal, format_waiter,
+    parse_waiter,
+};
 use crate::table::WaiterId;
 
 /// The first line [`write_trace`] writes, and the only trace version [`parse_trace`] reads.
@@ -379,6 +395,10 @@ pub enum Expected {
     EndOfLine,
     /// The count of a `# dropped` line.
     DroppedCount,
+    /// A lease's fence.
+    Fence,
+    /// A lease's name, quoted.
+    LeaseName,
 }
 
 impl fmt::Display for Expected {
@@ -392,6 +412,8 @@ impl fmt::Display for Expected {
             Expected::Key => "a key",
             Expected::EndOfLine => "the end of the line",
             Expected::DroppedCount => "a count of dropped events",
+            Expected::Fence => "a fence (a whole number)",
+            Expected::LeaseName => "a lease name in double quotes",
         })
     }
 }
@@ -501,7 +523,7 @@ impl fmt::Display for TraceError {
             TraceError::UnknownEvent { found, .. } => write!(
                 f,
                 "unknown event {} (expected acquire, try_acquire, release, cancel, shutdown, \
-                 grant, would_block, closed or refused)",
+                 grant, would_block, closed, refused or a lease_ event)",
                 quoted(found)
             ),
             TraceError::BadSequence {
@@ -762,6 +784,24 @@ fn parse_event_line<K, C: KeyCodec<K>>(
             end(rest)?;
             JournalEvent::Refused { waiter, reason }
         }
+        names::LEASE_REQUESTED => JournalEvent::Lease(Box::new(LeaseNote {
+            name: lease_name(rest, line)?,
+            event: LeaseEvent::Requested,
+        })),
+        names::LEASE_GRANTED | names::LEASE_LOST | names::LEASE_RELEASED => {
+            let (fence_text, rest) = split_token(rest);
+            let fence =
+                parse_count(fence_text).ok_or_else(|| expected(Expected::Fence, fence_text))?;
+            let event = match name {
+                names::LEASE_GRANTED => LeaseEvent::Granted { fence },
+                names::LEASE_LOST => LeaseEvent::Lost { fence },
+                _ => LeaseEvent::Released { fence },
+            };
+            JournalEvent::Lease(Box::new(LeaseNote {
+                name: lease_name(rest, line)?,
+                event,
+            }))
+        }
         unknown => {
             return Err(TraceError::UnknownEvent {
                 line,
@@ -770,6 +810,21 @@ fn parse_event_line<K, C: KeyCodec<K>>(
         }
     };
     Ok(JournalEntry { seq, at, event })
+}
+
+/// The lease name that ends a lease line, quoted as [`StringKeys`] writes it.
+fn lease_name(text: &str, line: usize) -> Result<String, TraceError> {
+    if text.is_empty() {
+        return Err(TraceError::Expected {
+            line,
+            expected: Expected::LeaseName,
+            found: None,
+        });
+    }
+    StringKeys.decode(text).map_err(|error| TraceError::Key {
+        line,
+        source: Box::new(error),
+    })
 }
 
 /// Splits off the waiter at the start of `text`.
@@ -841,6 +896,10 @@ mod names {
     pub(super) const WOULD_BLOCK: &str = "would_block";
     pub(super) const CLOSED: &str = "closed";
     pub(super) const REFUSED: &str = "refused";
+    pub(super) const LEASE_REQUESTED: &str = "lease_requested";
+    pub(super) const LEASE_GRANTED: &str = "lease_granted";
+    pub(super) const LEASE_LOST: &str = "lease_lost";
+    pub(super) const LEASE_RELEASED: &str = "lease_released";
 }
 
 /// Every refusal, for the parser to look names up in.
@@ -904,6 +963,19 @@ pub(crate) fn write_event<K>(
                 names::REFUSED,
                 format_waiter(*waiter)
             );
+        }
+        JournalEvent::Lease(note) => {
+            let LeaseNote { name, event } = note.as_ref();
+            let _ = match *event {
+                LeaseEvent::Requested => write!(out, "{} ", names::LEASE_REQUESTED),
+                LeaseEvent::Granted { fence } => write!(out, "{} {fence} ", names::LEASE_GRANTED),
+                LeaseEvent::Lost { fence } => write!(out, "{} {fence} ", names::LEASE_LOST),
+                LeaseEvent::Released { fence } => {
+                    write!(out, "{} {fence} ", names::LEASE_RELEASED)
+                }
+            };
+            // A lease is named by text whatever the registry's keys are.
+            StringKeys.encode(name, out);
         }
     }
 }

@@ -179,6 +179,12 @@ impl<K: LockKey> Owner<K> {
                     }
                 }
             }
+            #[cfg(feature = "postgres")]
+            Request::Note { event } => {
+                self.stamp_time();
+                self.table.note(event);
+                Outcome::Done
+            }
             Request::Journal { reply } => {
                 let journal = self.table.journal();
                 match reply {

@@ -11,6 +11,8 @@ use crate::LockKey;
 use crate::grant::{GrantReceiver, GrantSender, Granted};
 use crate::guard::KeyGuard;
 use crate::journal::Journal;
+#[cfg(feature = "postgres")]
+use crate::journal::JournalEvent;
 use crate::owner::Owner;
 use crate::run_token;
 use crate::stats::RegistryStats;
@@ -36,6 +38,9 @@ pub(crate) enum Request<K: LockKey> {
     Journal {
         reply: Option<oneshot::Sender<Journal<K>>>,
     },
+    /// A note for the journal ([`JournalEvent::is_note`]), sent only while one is on.
+    #[cfg(feature = "postgres")]
+    Note { event: JournalEvent<K> },
 }
 
 /// How a grant reaches its acquirer; the lock table keeps it with each waiter.
