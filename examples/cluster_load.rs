@@ -15,7 +15,8 @@
 //! Options: `--database-url URL` (default `DATABASE_URL`, else
 //! `postgres://postgres@127.0.0.1:5432/test`), `--prefix P` (default `keyed_locks_demo_`),
 //! `--key K`, `--tasks T` (default 8), `--locks N` per task (default 50), `--hold-ms H`
-//! (default 1), `--lease-ms L` (default 2000).
+//! (default 1), `--lease-ms L` (default 2000), `--max-local-handoffs M` (default 15; 0 sends
+//! every lock to the database, for comparison).
 
 use std::time::Duration;
 
@@ -31,6 +32,7 @@ async fn main() -> Result<(), Error> {
     let mut prefix = "keyed_locks_demo_".to_owned();
     let mut key = None;
     let (mut tasks, mut locks, mut hold_ms, mut lease_ms) = (8u64, 50u64, 1u64, 2000u64);
+    let mut max_local_handoffs = 15u32;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
@@ -47,6 +49,9 @@ async fn main() -> Result<(), Error> {
             "--locks" => locks = number()?,
             "--hold-ms" => hold_ms = number()?,
             "--lease-ms" => lease_ms = number()?,
+            "--max-local-handoffs" => {
+                max_local_handoffs = value.parse().map_err(|_| format!("{flag} takes a number"))?;
+            }
             _ => return Err(format!("unknown argument {flag:?}").into()),
         }
     }
@@ -54,6 +59,7 @@ async fn main() -> Result<(), Error> {
     let registry = ClusterRegistry::<String>::builder(&database_url)
         .table_prefix(&prefix)
         .lease(Duration::from_millis(lease_ms))
+        .max_local_handoffs(max_local_handoffs)
         .connect()
         .await?;
     let workers: Vec<_> = (0..tasks)
