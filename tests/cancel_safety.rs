@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use keyed_locks::messages::{Acquire, GetStats};
 use keyed_locks::{Execution, LockRegistry};
-use tokio_test::{assert_pending, task};
+use tokio_test::{assert_pending, assert_ready, task};
+
+use crate::reference_model::trace_lines;
 
 #[tokio::test]
 async fn a_queued_waiter_dropped_leaves_the_queue_at_once() {
@@ -28,6 +30,50 @@ async fn a_queued_waiter_dropped_leaves_the_queue_at_once() {
         (0, 1),
         "the dropped waiter was never granted"
     );
+}
+
+/// Step by step, in both modes (`registry.stats().await` is the point where every request
+/// sent before has been handled, by the actor task in actor mode): a waiter dropped while
+/// queued is withdrawn, is never granted, and the waiter behind it gets the key with the next
+/// token.
+#[tokio::test]
+async fn a_queued_waiter_dropped_is_withdrawn_and_the_next_one_gets_the_key_in_either_mode() {
+    for execution in [Execution::RunOnCaller, Execution::ActorTask] {
+        let registry = LockRegistry::builder()
+            .execution(execution)
+            .journal(1_000)
+            .spawn();
+        let holder = registry.lock(7u64).await.unwrap();
+        let mut gives_up = task::spawn(registry.lock(7));
+        let mut next = task::spawn(registry.lock(7));
+        assert_pending!(gives_up.poll());
+        assert_pending!(next.poll());
+        registry.stats().await.unwrap();
+
+        drop(gives_up);
+        let stats = registry.stats().await.unwrap();
+        assert_eq!(
+            (stats.keys, stats.held, stats.waiting),
+            (1, 1, 1),
+            "{execution:?}"
+        );
+        drop(holder);
+        registry.stats().await.unwrap();
+        assert!(next.is_woken(), "{execution:?}");
+        assert_eq!(
+            assert_ready!(next.poll()).unwrap().fencing_token(),
+            2,
+            "{execution:?}"
+        );
+        assert_eq!(registry.stats().await.unwrap().keys, 0, "{execution:?}");
+        let journal = registry.journal().await.unwrap();
+        assert_eq!(
+            trace_lines(journal.entries.iter().map(|entry| &entry.event)),
+            "acquire w1 7; grant w1 1; acquire w2 7; acquire w3 7; cancel w2; \
+             release w1; grant w3 2; release w3",
+            "{execution:?}"
+        );
+    }
 }
 
 /// In actor mode every request is on its way to the actor for a while; with the default mode

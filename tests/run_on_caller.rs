@@ -7,6 +7,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
+use keyed_locks::journal::{JournalEvent, Refusal};
+use keyed_locks::table::WaiterId;
 use keyed_locks::{Execution, LockRegistry};
 use tokio_test::{assert_pending, assert_ready, task};
 
@@ -197,4 +199,74 @@ async fn a_grant_made_while_its_caller_gave_up_passes_the_key_on() {
     let guard = assert_ready!(next.poll()).unwrap();
     drop(guard);
     assert_eq!(registry.stats().await.unwrap().keys, 0);
+}
+
+/// The default mode's way to the case where a waiter gives up while the release that grants
+/// to it waits to be handled: both wait in the queue behind a running step, release first.
+/// The step's caller grants to a waiter that has already given up, releases at once and
+/// grants the next; the cancel that follows finds nothing and is refused.
+#[tokio::test]
+async fn a_waiter_giving_up_after_its_holder_released_behind_a_running_step_passes_the_key_on() {
+    let registry = LockRegistry::builder()
+        .execution(Execution::RunOnCaller)
+        .journal(1_000)
+        .spawn();
+    let holder = registry.lock(key(1)).await.unwrap();
+    let mut gives_up = task::spawn(registry.lock(key(1)));
+    assert_pending!(gives_up.poll());
+    let mut next = task::spawn(registry.lock(key(1)));
+    assert_pending!(next.poll());
+
+    let (open, thread) = hold_the_token_on_another_thread(&registry);
+    drop(holder); // queued
+    drop(gives_up); // queued after it: a cancel, since the waiter is still queued
+    assert!(!next.is_woken());
+    open.send(()).unwrap();
+    thread.join().unwrap();
+    assert!(next.is_woken());
+    assert_eq!(assert_ready!(next.poll()).unwrap().fencing_token(), 4);
+    assert_eq!(registry.stats().await.unwrap().keys, 0);
+
+    let waiter = |arrival| WaiterId::new(arrival).unwrap();
+    let grant = |arrival, fencing_token| JournalEvent::Grant {
+        waiter: waiter(arrival),
+        fencing_token,
+    };
+    let release = |arrival| JournalEvent::Release {
+        waiter: waiter(arrival),
+    };
+    let journal = registry.journal().await.unwrap();
+    let events: Vec<_> = journal
+        .entries
+        .into_iter()
+        .map(|entry| entry.event)
+        .collect();
+    let acquire = |arrival| JournalEvent::Acquire {
+        waiter: waiter(arrival),
+        key: key(1),
+    };
+    assert_eq!(
+        events,
+        [
+            acquire(1),
+            grant(1, 1),
+            acquire(2),
+            acquire(3),
+            // The gated step: a try_lock of another key, w4, granted token 2.
+            JournalEvent::TryAcquire { key: key(999) },
+            grant(4, 2),
+            // What queued behind it, in order.
+            release(1),
+            grant(2, 3),
+            release(2),
+            grant(3, 4),
+            JournalEvent::Cancel { waiter: waiter(2) },
+            JournalEvent::Refused {
+                waiter: waiter(2),
+                reason: Refusal::Unknown,
+            },
+            release(4),
+            release(3),
+        ]
+    );
 }
