@@ -105,7 +105,7 @@ async fn aborted_waiter_after_release(registry: LockRegistry<u32>) {
 }
 
 #[tokio::test(start_paused = true)]
-async fn timed_out_waiter_after_release_leaves_no_entry_for_a_thousand_distinct_keys() {
+async fn waiter_whose_timeout_expires_after_release_leaves_no_entry_for_a_thousand_distinct_keys() {
     let registry = LockRegistry::spawn();
     for key in 0..1_000u32 {
         let holder = registry.lock(key).await.unwrap();
@@ -116,7 +116,9 @@ async fn timed_out_waiter_after_release_leaves_no_entry_for_a_thousand_distinct_
         while registry.stats().await.unwrap().waiting == 0 {
             tokio::task::yield_now().await;
         }
-        // Release, then let the waiter's timer fire before it can take the grant.
+        // Release, then let the waiter's deadline pass before it runs again. tokio's `Timeout`
+        // polls the lock before its timer, so the waiter takes the guard and drops it (the
+        // step-by-step case below pins this); the deadline never wins over a grant made.
         drop(holder);
         tokio::time::advance(Duration::from_millis(5)).await;
         let _ = waiter.await.unwrap();
