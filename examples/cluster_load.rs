@@ -50,7 +50,9 @@ async fn main() -> Result<(), Error> {
             "--hold-ms" => hold_ms = number()?,
             "--lease-ms" => lease_ms = number()?,
             "--max-local-handoffs" => {
-                max_local_handoffs = value.parse().map_err(|_| format!("{flag} takes a number"))?;
+                max_local_handoffs = value
+                    .parse()
+                    .map_err(|_| format!("{flag} takes a number"))?;
             }
             _ => return Err(format!("unknown argument {flag:?}").into()),
         }
