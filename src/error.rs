@@ -43,6 +43,75 @@ impl fmt::Display for TryLockError {
 
 impl std::error::Error for TryLockError {}
 
+/// Why [`acquire`](crate::LockRegistry::acquire) gave no guard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PermitsError {
+    /// The request asked for 0 permits or more than a key has; nothing changed.
+    OutOfRange {
+        /// The permits asked for.
+        requested: u32,
+        /// The permits each key has ([`RegistryBuilder::capacity`](crate::RegistryBuilder::capacity)).
+        capacity: u32,
+    },
+    /// The registry has shut down (or its actor stopped).
+    Closed,
+}
+
+impl fmt::Display for PermitsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PermitsError::OutOfRange {
+                requested,
+                capacity,
+            } => write!(
+                f,
+                "asked for {requested} permits; each key has {capacity}, and a request takes \
+                 at least 1"
+            ),
+            PermitsError::Closed => f.write_str("the lock registry is closed"),
+        }
+    }
+}
+
+impl std::error::Error for PermitsError {}
+
+/// Why [`try_acquire`](crate::LockRegistry::try_acquire) gave no guard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TryPermitsError {
+    /// Not enough permits are free, or the key has waiters (who come first); nothing changed.
+    WouldBlock,
+    /// The request asked for 0 permits or more than a key has; nothing changed.
+    OutOfRange {
+        /// The permits asked for.
+        requested: u32,
+        /// The permits each key has.
+        capacity: u32,
+    },
+    /// The registry has shut down (or its actor stopped).
+    Closed,
+}
+
+impl fmt::Display for TryPermitsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TryPermitsError::WouldBlock => f.write_str("not enough permits are free"),
+            TryPermitsError::OutOfRange {
+                requested,
+                capacity,
+            } => PermitsError::OutOfRange {
+                requested: *requested,
+                capacity: *capacity,
+            }
+            .fmt(f),
+            TryPermitsError::Closed => f.write_str("the lock registry is closed"),
+        }
+    }
+}
+
+impl std::error::Error for TryPermitsError {}
+
 /// Why [`journal`](crate::LockRegistry::journal) gave no journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -121,7 +121,10 @@ pub struct ReadmeDoctests;
 pub use actor::RegistryActor;
 #[cfg(feature = "postgres")]
 pub use cluster::{ClusterBuilder, ClusterError, ClusterGuard, ClusterRegistry};
-pub use error::{AcquireError, JournalError, LockError, TryAcquireError, TryLockError};
+pub use error::{
+    AcquireError, JournalError, LockError, PermitsError, TryAcquireError, TryLockError,
+    TryPermitsError,
+};
 pub use guard::KeyGuard;
 pub use registry::{LockRegistry, RegistryBuilder};
 pub use run_token::Execution;

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 use crate::LockKey;
 use crate::actor::{RegistryActor, RegistryConfig};
-use crate::error::{JournalError, LockError, TryLockError};
+use crate::error::{JournalError, LockError, PermitsError, TryLockError, TryPermitsError};
 use crate::grant::{self, GrantReceiver, GrantSender, Granted, NotGranted, Undo};
 use crate::guard::KeyGuard;
 use crate::journal::Journal;
@@ -23,6 +23,7 @@ use crate::request::{Delivery, Outcome, Request, RequestSender};
 use crate::run_token::{self, Execution};
 use crate::shard::ShardRouter;
 use crate::stats::RegistryStats;
+use crate::table::Permits;
 
 /// A registry of per-key async locks: the handle to its registry actor (or, when built with
 /// [`RegistryBuilder::shards`], to its actors, each owning the keys that hash to it).
@@ -59,6 +60,8 @@ pub struct LockRegistry<K: LockKey> {
     /// One per actor, in shard order; shared by every clone of the handle.
     shards: Arc<[Shard<K>]>,
     router: ShardRouter,
+    /// Permits per key ([`RegistryBuilder::capacity`]).
+    capacity: NonZeroU32,
 }
 
 /// The handle's end of one registry actor.
@@ -103,6 +106,7 @@ impl<K: LockKey> LockRegistry<K> {
     pub fn builder() -> RegistryBuilder<K> {
         RegistryBuilder {
             journal_capacity: None,
+            capacity: NonZeroU32::MIN,
             shards: NonZeroUsize::MIN,
             execution: Execution::default(),
             key: PhantomData,
@@ -146,11 +150,119 @@ impl<K: LockKey> LockRegistry<K> {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn lock(&self, key: K) -> Result<KeyGuard<K>, LockError> {
+    pub fn lock(&self, key: K) -> impl Future<Output = Result<KeyGuard<K>, LockError>> + '_ {
+        self.lock_permits(key, None)
+    }
+
+    /// Waits for one of `key`'s permits and returns a guard that holds it until dropped:
+    /// a shared (read) lock. Up to [`capacity`](RegistryBuilder::capacity) shared holders hold
+    /// a key at once, and an exclusive [`lock`](Self::lock) waits until they are all gone.
+    ///
+    /// Strict FIFO across modes: a queued `lock` holds back every `lock_shared` that arrives
+    /// after it, so a stream of readers cannot starve a writer. With the default capacity of
+    /// one permit per key, a shared lock is exclusive.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock`](Self::lock).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] if the registry has shut down, or shuts down while this waits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::LockRegistry::builder()
+    ///     .capacity(NonZeroU32::new(8).ok_or("no permits")?)
+    ///     .spawn();
+    /// let reader = registry.lock_shared("balance:7").await?;
+    /// let another = registry.lock_shared("balance:7").await?;
+    /// // A writer waits for both readers.
+    /// let writer = tokio::time::timeout(Duration::from_millis(10), registry.lock("balance:7"));
+    /// assert!(writer.await.is_err());
+    /// drop((reader, another));
+    /// let _writer = registry.lock("balance:7").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_shared(&self, key: K) -> impl Future<Output = Result<KeyGuard<K>, LockError>> + '_ {
+        self.lock_permits(key, Some(Permits(NonZeroU32::MIN)))
+    }
+
+    /// Waits for `permits` of `key`'s permits and returns a guard that holds them until
+    /// dropped: a semaphore per key, for "at most N at once per user".
+    ///
+    /// Strict FIFO: a request for many permits is not overtaken by later smaller ones; if it
+    /// gives up, the smaller ones behind it that now fit are granted at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock`](Self::lock).
+    ///
+    /// # Errors
+    ///
+    /// [`PermitsError::OutOfRange`] if `permits` is 0 or above the
+    /// [`capacity`](RegistryBuilder::capacity) (nothing changes);
+    /// [`PermitsError::Closed`] if the registry has shut down.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use keyed_locks::PermitsError;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::LockRegistry::builder()
+    ///     .capacity(NonZeroU32::new(3).ok_or("no permits")?)
+    ///     .spawn();
+    /// let two = registry.acquire("user:1", 2).await?;
+    /// let one = registry.acquire("user:1", 1).await?;
+    /// assert_eq!(registry.stats().await?.permits, 3);
+    /// assert_eq!(
+    ///     registry.acquire("user:1", 4).await.unwrap_err(),
+    ///     PermitsError::OutOfRange { requested: 4, capacity: 3 }
+    /// );
+    /// # drop((two, one));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire(&self, key: K, permits: u32) -> Result<KeyGuard<K>, PermitsError> {
+        let permits = self
+            .checked_permits(permits)
+            .map_err(|(requested, capacity)| PermitsError::OutOfRange {
+                requested,
+                capacity,
+            })?;
+        self.lock_permits(key, Some(permits))
+            .await
+            .map_err(|LockError::Closed| PermitsError::Closed)
+    }
+
+    /// `permits` as the table takes them, or (requested, capacity) if out of range.
+    fn checked_permits(&self, permits: u32) -> Result<Permits, (u32, u32)> {
+        NonZeroU32::new(permits)
+            .filter(|permits| *permits <= self.capacity)
+            .map(Permits)
+            .ok_or((permits, self.capacity.get()))
+    }
+
+    /// Waits for `permits` of `key` (`None`: all of them) and returns the guard.
+    async fn lock_permits(
+        &self,
+        key: K,
+        permits: Option<Permits>,
+    ) -> Result<KeyGuard<K>, LockError> {
         let shard = self.shard_for(&key);
         // Only the pending grant is kept across the await (not the whole `Acquiring`), which
         // keeps every waiting `lock` future small.
-        let pending = match shard.acquire(key.clone()) {
+        let pending = match shard.acquire(key.clone(), permits) {
             Acquiring::Granted(granted) => return Ok(shard.guard(key, granted)),
             Acquiring::Waiting(pending) => pending,
             // An acquire waits rather than be refused; only a closed shard ends it early.
@@ -190,9 +302,100 @@ impl<K: LockKey> LockRegistry<K> {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn try_lock(&self, key: K) -> Result<KeyGuard<K>, TryLockError> {
+    pub fn try_lock(&self, key: K) -> impl Future<Output = Result<KeyGuard<K>, TryLockError>> + '_ {
+        self.try_lock_permits(key, None)
+    }
+
+    /// Takes one of `key`'s permits (a shared lock, see [`lock_shared`](Self::lock_shared))
+    /// if one is free right now and nobody waits for the key, without waiting.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`try_lock`](Self::try_lock).
+    ///
+    /// # Errors
+    ///
+    /// [`TryLockError::WouldBlock`] if no permit is free or the key has waiters (nothing
+    /// changes), [`TryLockError::Closed`] if the registry has shut down.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use keyed_locks::TryLockError;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::LockRegistry::builder()
+    ///     .capacity(NonZeroU32::new(2).ok_or("no permits")?)
+    ///     .spawn();
+    /// let writer = registry.lock("k").await?;
+    /// assert_eq!(registry.try_lock_shared("k").await.unwrap_err(), TryLockError::WouldBlock);
+    /// drop(writer);
+    /// let _reader = registry.try_lock_shared("k").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_lock_shared(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<KeyGuard<K>, TryLockError>> + '_ {
+        self.try_lock_permits(key, Some(Permits(NonZeroU32::MIN)))
+    }
+
+    /// Takes `permits` of `key`'s permits if they are free right now and nobody waits for the
+    /// key, without waiting.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`try_lock`](Self::try_lock).
+    ///
+    /// # Errors
+    ///
+    /// [`TryPermitsError::OutOfRange`] if `permits` is 0 or above the capacity,
+    /// [`TryPermitsError::WouldBlock`] if they are not free or the key has waiters (nothing
+    /// changes either way), [`TryPermitsError::Closed`] if the registry has shut down.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use keyed_locks::TryPermitsError;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::LockRegistry::builder()
+    ///     .capacity(NonZeroU32::new(3).ok_or("no permits")?)
+    ///     .spawn();
+    /// let _two = registry.try_acquire("user:1", 2).await?;
+    /// assert_eq!(registry.try_acquire("user:1", 2).await.unwrap_err(), TryPermitsError::WouldBlock);
+    /// let _one = registry.try_acquire("user:1", 1).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn try_acquire(&self, key: K, permits: u32) -> Result<KeyGuard<K>, TryPermitsError> {
+        let permits = self
+            .checked_permits(permits)
+            .map_err(|(requested, capacity)| TryPermitsError::OutOfRange {
+                requested,
+                capacity,
+            })?;
+        self.try_lock_permits(key, Some(permits))
+            .await
+            .map_err(|error| match error {
+                TryLockError::WouldBlock => TryPermitsError::WouldBlock,
+                TryLockError::Closed => TryPermitsError::Closed,
+            })
+    }
+
+    /// Takes `permits` of `key` (`None`: all of them) if free, and returns the guard.
+    async fn try_lock_permits(
+        &self,
+        key: K,
+        permits: Option<Permits>,
+    ) -> Result<KeyGuard<K>, TryLockError> {
         let shard = self.shard_for(&key);
-        let pending = match shard.try_acquire(key.clone()) {
+        let pending = match shard.try_acquire(key.clone(), permits) {
             Acquiring::Granted(granted) => return Ok(shard.guard(key, granted)),
             Acquiring::Waiting(pending) => pending,
             Acquiring::WouldBlock => return Err(TryLockError::WouldBlock),
@@ -526,16 +729,21 @@ impl<K: LockKey> Shard<K> {
     /// any point undoes the request (see [`PendingGrant`]). A plain function rather than an
     /// `async` one: the caller's future then holds only the [`PendingGrant`] across its
     /// await, which keeps every waiting `lock` smaller (`cargo bench --bench memory`).
-    fn acquire(&self, key: K) -> Acquiring<'_, K> {
+    fn acquire(&self, key: K, permits: Option<Permits>) -> Acquiring<'_, K> {
         self.acquire_with(|grant| Request::Acquire {
             key,
+            permits,
             delivery: grant.map_or(Delivery::Caller, Delivery::Channel),
         })
     }
 
     /// As [`acquire`](Self::acquire), for a key that is taken only if free.
-    fn try_acquire(&self, key: K) -> Acquiring<'_, K> {
-        self.acquire_with(|grant| Request::TryAcquire { key, grant })
+    fn try_acquire(&self, key: K, permits: Option<Permits>) -> Acquiring<'_, K> {
+        self.acquire_with(|grant| Request::TryAcquire {
+            key,
+            permits,
+            grant,
+        })
     }
 
     /// Runs the request `make` builds here if the owner is idle (with no grant channel: the
@@ -603,6 +811,7 @@ impl<K: LockKey> Clone for LockRegistry<K> {
         LockRegistry {
             shards: Arc::clone(&self.shards),
             router: self.router.clone(),
+            capacity: self.capacity,
         }
     }
 }
@@ -652,6 +861,7 @@ impl<K: LockKey> Drop for PendingGrant<'_, K> {
 /// Builds a [`LockRegistry`] with non-default settings; made by [`LockRegistry::builder`].
 pub struct RegistryBuilder<K: LockKey> {
     journal_capacity: Option<usize>,
+    capacity: NonZeroU32,
     shards: NonZeroUsize,
     execution: Execution,
     key: PhantomData<fn() -> K>,
@@ -677,6 +887,37 @@ impl<K: LockKey> RegistryBuilder<K> {
     #[must_use = "a builder does nothing until `spawn`"]
     pub fn journal(mut self, capacity: usize) -> Self {
         self.journal_capacity = Some(capacity);
+        self
+    }
+
+    /// Gives each key `permits` permits: an exclusive [`lock`](LockRegistry::lock) takes them
+    /// all, a [`lock_shared`](LockRegistry::lock_shared) takes one, an
+    /// [`acquire`](LockRegistry::acquire) takes the number it asks for. One by default, so
+    /// that every lock is exclusive.
+    ///
+    /// A `NonZeroU32`, because a key with no permits could never be locked: a count of 0 is
+    /// refused where it is written, not when the first lock waits for ever.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::LockRegistry::builder()
+    ///     .capacity(NonZeroU32::new(3).ok_or("no permits")?)
+    ///     .spawn();
+    /// let first = registry.lock_shared("doc").await?;
+    /// let second = registry.lock_shared("doc").await?; // readers share the key
+    /// assert_eq!(registry.stats().await?.holders, 2);
+    /// # drop((first, second));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use = "a builder does nothing until `spawn`"]
+    pub fn capacity(mut self, permits: NonZeroU32) -> Self {
+        self.capacity = permits;
         self
     }
 
@@ -769,6 +1010,7 @@ impl<K: LockKey> RegistryBuilder<K> {
                 let final_journal = Arc::new(OnceLock::new());
                 let owner_config = OwnerConfig {
                     journal_capacity: self.journal_capacity,
+                    capacity: self.capacity,
                     final_journal: Arc::clone(&final_journal),
                     shard,
                     router: router.clone(),
@@ -790,7 +1032,11 @@ impl<K: LockKey> RegistryBuilder<K> {
                 }
             })
             .collect();
-        LockRegistry { shards, router }
+        LockRegistry {
+            shards,
+            router,
+            capacity: self.capacity,
+        }
     }
 }
 
@@ -798,6 +1044,7 @@ impl<K: LockKey> fmt::Debug for RegistryBuilder<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegistryBuilder")
             .field("journal_capacity", &self.journal_capacity)
+            .field("capacity", &self.capacity)
             .field("shards", &self.shards)
             .field("execution", &self.execution)
             .finish()

@@ -333,7 +333,7 @@ fn feed(
             let _ = table.release(*waiter, &mut granted);
         }
         JournalEvent::Cancel { waiter } => {
-            if let Ok((key, delivery)) = table.cancel(*waiter)
+            if let Ok((key, delivery)) = table.cancel(*waiter, &mut Vec::new())
                 && delivery != Some(*waiter)
             {
                 return Err(format!(

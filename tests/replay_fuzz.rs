@@ -161,7 +161,7 @@ fn journal_of(steps: &[Step]) -> Journal<u8> {
             }
             Step::Cancel(choice) => {
                 if let Some(waiter) = pick(choice) {
-                    let _ = table.cancel(waiter);
+                    let _ = table.cancel(waiter, &mut Vec::new());
                 }
             }
             Step::Shutdown => {

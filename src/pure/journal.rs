@@ -19,7 +19,9 @@ use std::fmt;
 use std::hash::Hash;
 use std::time::Duration;
 
-use crate::table::{Acquired, Grant, LockTable, WaiterError, WaiterId, WouldBlock};
+use std::num::NonZeroU32;
+
+use crate::table::{Acquired, Grant, LockTable, Permits, WaiterError, WaiterId, WouldBlock};
 
 /// One thing the table saw (an input) or did (an output).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +39,28 @@ pub enum JournalEvent<K> {
     TryAcquire {
         /// The key asked for.
         key: K,
+    },
+    /// Input: `waiter` asked for `permits` of `key`'s permits (a shared lock asks for 1).
+    AcquirePermits {
+        /// The id the table gave the new acquirer.
+        waiter: WaiterId,
+        /// The key asked for.
+        key: K,
+        /// The permits asked for.
+        permits: u32,
+    },
+    /// Input: someone asked for `permits` of `key`'s permits only if they are free now.
+    TryAcquirePermits {
+        /// The key asked for.
+        key: K,
+        /// The permits asked for.
+        permits: u32,
+    },
+    /// Input: the table was made with `permits` per key. Recorded first, and only when a key
+    /// has more than one permit, so that a replay makes the same table.
+    Capacity {
+        /// The permits of each key.
+        permits: u32,
     },
     /// Input: the holder `waiter` released its key.
     Release {
@@ -126,6 +150,9 @@ impl<K> JournalEvent<K> {
             self,
             JournalEvent::Acquire { .. }
                 | JournalEvent::TryAcquire { .. }
+                | JournalEvent::AcquirePermits { .. }
+                | JournalEvent::TryAcquirePermits { .. }
+                | JournalEvent::Capacity { .. }
                 | JournalEvent::Release { .. }
                 | JournalEvent::Cancel { .. }
                 | JournalEvent::Shutdown
@@ -240,16 +267,33 @@ where
 
     /// A fresh table that keeps the last `capacity` events.
     pub fn with_journal(capacity: usize) -> Self {
-        JournaledTable {
-            table: LockTable::new(),
-            ring: Some(Ring {
-                entries: VecDeque::with_capacity(capacity.min(4096)),
-                capacity,
-                dropped: 0,
-                next_seq: 1,
-                now: Duration::ZERO,
-            }),
+        Self::for_permits(NonZeroU32::MIN, Some(capacity))
+    }
+
+    /// A fresh table with `permits_per_key` permits per key
+    /// ([`LockTable::with_capacity`]), keeping the last `journal_capacity` events if `Some`.
+    /// A journal of a table with more than one permit per key starts with a
+    /// [`Capacity`](JournalEvent::Capacity) event.
+    pub fn for_permits(permits_per_key: NonZeroU32, journal_capacity: Option<usize>) -> Self {
+        let ring = journal_capacity.map(|capacity| Ring {
+            entries: VecDeque::with_capacity(capacity.min(4096)),
+            capacity,
+            dropped: 0,
+            next_seq: 1,
+            now: Duration::ZERO,
+        });
+        let mut table = JournaledTable {
+            table: LockTable::with_capacity(permits_per_key),
+            ring,
+        };
+        if permits_per_key.get() > 1
+            && let Some(ring) = &mut table.ring
+        {
+            ring.push(JournalEvent::Capacity {
+                permits: permits_per_key.get(),
+            });
         }
+        table
     }
 
     /// Whether calls are being recorded.
@@ -321,6 +365,49 @@ where
         acquired
     }
 
+    /// [`LockTable::acquire_permits`], recorded.
+    pub fn acquire_permits(&mut self, key: K, permits: Permits, delivery: D) -> Acquired<D> {
+        let Some(ring) = &mut self.ring else {
+            return self.table.acquire_permits(key, permits, delivery);
+        };
+        let recorded_key = key.clone();
+        let acquired = self.table.acquire_permits(key, permits, delivery);
+        let waiter = match &acquired {
+            Acquired::Granted(grant) => grant.waiter_id,
+            Acquired::Queued(waiter_id) => *waiter_id,
+        };
+        ring.push(JournalEvent::AcquirePermits {
+            waiter,
+            key: recorded_key,
+            permits: permits.get(),
+        });
+        if let Acquired::Granted(grant) = &acquired {
+            ring.push(grant_event(grant));
+        }
+        acquired
+    }
+
+    /// [`LockTable::try_acquire_permits`], recorded.
+    pub fn try_acquire_permits(
+        &mut self,
+        key: K,
+        permits: Permits,
+    ) -> Result<Grant<()>, WouldBlock> {
+        let Some(ring) = &mut self.ring else {
+            return self.table.try_acquire_permits(key, permits);
+        };
+        ring.push(JournalEvent::TryAcquirePermits {
+            key: key.clone(),
+            permits: permits.get(),
+        });
+        let result = self.table.try_acquire_permits(key.clone(), permits);
+        ring.push(match &result {
+            Ok(grant) => grant_event(grant),
+            Err(WouldBlock) => JournalEvent::WouldBlock { key },
+        });
+        result
+    }
+
     /// [`LockTable::try_acquire`], recorded.
     pub fn try_acquire(&mut self, key: K) -> Result<Grant<()>, WouldBlock> {
         let Some(ring) = &mut self.ring else {
@@ -360,19 +447,27 @@ where
         result
     }
 
-    /// [`LockTable::cancel`], recorded.
+    /// [`LockTable::cancel`], recorded with the grants it causes.
     ///
     /// # Errors
     ///
     /// As [`LockTable::cancel`].
-    pub fn cancel(&mut self, waiter_id: WaiterId) -> Result<(K, D), WaiterError> {
+    pub fn cancel(
+        &mut self,
+        waiter_id: WaiterId,
+        granted: &mut Vec<Grant<D>>,
+    ) -> Result<(K, D), WaiterError> {
         let Some(ring) = &mut self.ring else {
-            return self.table.cancel(waiter_id);
+            return self.table.cancel(waiter_id, granted);
         };
-        let result = self.table.cancel(waiter_id);
+        let already_granted = granted.len();
+        let result = self.table.cancel(waiter_id, granted);
         ring.push(JournalEvent::Cancel { waiter: waiter_id });
-        if let Err(error) = &result {
-            ring.push(refused(waiter_id, *error));
+        match &result {
+            Ok(_) => granted[already_granted..]
+                .iter()
+                .for_each(|grant| ring.push(grant_event(grant))),
+            Err(error) => ring.push(refused(waiter_id, *error)),
         }
         result
     }

@@ -34,6 +34,7 @@
 
 use std::fmt;
 use std::hash::Hash;
+use std::num::NonZeroU32;
 
 use crate::journal::{Journal, JournalEntry, JournalEvent, JournaledTable};
 use crate::trace::{TraceTime, write_event};
@@ -154,11 +155,26 @@ where
             dropped: journal.dropped,
         });
     }
-    let mut table = JournaledTable::<K, ()>::with_journal(usize::MAX);
+    // The table's permits per key: a journal that starts with `Capacity` says so.
+    let (permits_per_key, inputs) = match journal.entries.first() {
+        Some(JournalEntry {
+            event: JournalEvent::Capacity { permits },
+            at,
+            ..
+        }) => (NonZeroU32::new(*permits), Some(*at)),
+        _ => (None, None),
+    };
+    let mut table = JournaledTable::<K, ()>::for_permits(
+        permits_per_key.unwrap_or(NonZeroU32::MIN),
+        Some(usize::MAX),
+    );
     let mut granted = Vec::new();
+    // The first entry, if it was the capacity, is recorded by `for_permits` already.
+    let skip = usize::from(inputs.is_some() && permits_per_key.is_some_and(|p| p.get() > 1));
     for entry in journal
         .entries
         .iter()
+        .skip(skip)
         .filter(|entry| entry.event.is_input() || entry.event.is_note())
     {
         table.set_time(entry.at);
@@ -173,12 +189,28 @@ where
             JournalEvent::TryAcquire { key } => {
                 let _ = table.try_acquire(key.clone());
             }
+            // A count the table cannot take (an edited trace) is not fed: the replay then
+            // lacks this event, and the comparison reports it.
+            JournalEvent::AcquirePermits { key, permits, .. } => {
+                if let Ok(permits) = table.table().permits(*permits) {
+                    let _ = table.acquire_permits(key.clone(), permits, ());
+                }
+            }
+            JournalEvent::TryAcquirePermits { key, permits } => {
+                if let Ok(permits) = table.table().permits(*permits) {
+                    let _ = table.try_acquire_permits(key.clone(), permits);
+                }
+            }
+            // Anywhere but first (handled above), a capacity cannot be replayed: the table
+            // exists already. Not fed, so the comparison reports it.
+            JournalEvent::Capacity { .. } => {}
             JournalEvent::Release { waiter } => {
                 granted.clear();
                 let _ = table.release(*waiter, &mut granted);
             }
             JournalEvent::Cancel { waiter } => {
-                let _ = table.cancel(*waiter);
+                granted.clear();
+                let _ = table.cancel(*waiter, &mut granted);
             }
             JournalEvent::Shutdown => {
                 let _ = table.shutdown();

@@ -12,8 +12,13 @@ pub struct RegistryStats {
     /// Entries in the lock map: keys that someone holds or waits for. Zero whenever nobody
     /// holds or waits: this is the number that must not grow for ever.
     pub keys: usize,
-    /// Keys currently held.
+    /// Keys currently held, by one holder or by several sharing its permits.
     pub held: usize,
+    /// Holders: one per exclusive lock, shared lock or permit guard. Above `held` only when
+    /// keys are shared.
+    pub holders: usize,
+    /// Permits held, over every key (an exclusive lock holds all of its key's).
+    pub permits: usize,
     /// Acquirers queued and not yet granted.
     pub waiting: usize,
     /// Grants since the registry started. With one shard, equal to the last fencing token
@@ -26,6 +31,8 @@ impl RegistryStats {
     pub(crate) fn add(&mut self, shard: RegistryStats) {
         self.keys += shard.keys;
         self.held += shard.held;
+        self.holders += shard.holders;
+        self.permits += shard.permits;
         self.waiting += shard.waiting;
         self.grants += shard.grants;
     }

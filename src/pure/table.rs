@@ -32,15 +32,19 @@
 //! 2. **Reference count.** `entry.holders` is the number of holding records of `k` and
 //!    `entry.waiters` the number of waiting records of `k`; their sum is the entry's reference
 //!    count (the seed's counter).
-//! 3. **Mutual exclusion.** `entry.holders <= 1`.
+//! 3. **Permits.** `entry.permits` is the sum of the permits its holders hold, and at most
+//!    the table's capacity. An exclusive acquirer takes every permit, so it holds its key
+//!    alone (mutual exclusion); with one permit per key, every acquirer is exclusive.
 //! 4. **Queue.** Each waiting record of `k` appears exactly once in `k`'s queue. Other ids in
 //!    the queue are *tombstones* of cancelled waiters, skipped when granting; they are never
 //!    live again, because the table never issues an id twice.
-//! 5. **No idle waiters.** If `entry.waiters > 0` then `entry.holders > 0`: a free key with a
-//!    queue would be a stuck key.
+//! 5. **No idle waiters.** The first live waiter of a key asks for more permits than are
+//!    free: a waiter that fits would be a stuck key. (With one permit per key: waiters mean a
+//!    holder.)
 //! 6. **Bounded tombstones.** `queue.len() <= 2 * entry.waiters + TOMBSTONE_SLACK`, so a
 //!    timeout storm on a key held for a long time cannot grow its queue without bound.
-//! 7. **Counters.** `held_keys` is the number of entries with a holder and `waiting` the number
+//! 7. **Counters.** `held_keys` is the number of entries with a holder, `holders` the number
+//!    of holding records, `permits_in_use` the sum of their permits, and `waiting` the number
 //!    of waiting records.
 //! 8. **Fencing.** Every holder's token is below `next_fencing_token`, and tokens are handed
 //!    out in strictly increasing order starting at 1.
@@ -50,7 +54,7 @@
 use std::collections::{HashMap, VecDeque, hash_map};
 use std::fmt;
 use std::hash::Hash;
-use std::num::NonZeroU64;
+use std::num::{NonZeroU32, NonZeroU64};
 
 use crate::stats::RegistryStats;
 
@@ -111,21 +115,64 @@ pub struct LockTable<K, D> {
     entries: HashMap<K, Entry, foldhash::fast::RandomState>,
     records: Records<Record<K, D>>,
     next_fencing_token: u64,
+    /// Permits per key: an exclusive acquirer takes them all (invariant 3).
+    capacity: NonZeroU32,
     /// Entries with a holder (invariant 7).
     held_keys: usize,
+    /// Holding records (invariant 7).
+    holders: usize,
+    /// Permits held, over every key (invariant 7).
+    permits_in_use: usize,
     /// Waiting records (invariant 7).
     waiting: usize,
 }
+
+/// How many of a key's permits one acquirer asks for: between 1 and the table's capacity.
+/// Made by [`LockTable::permits`] (checked) or [`LockTable::all_permits`] (exclusive), so that
+/// a request the table cannot grant ever cannot reach it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Permits(pub(crate) NonZeroU32);
+
+impl Permits {
+    /// The number of permits.
+    pub fn get(self) -> u32 {
+        self.0.get()
+    }
+}
+
+/// [`LockTable::permits`] was asked for 0 permits, or more than a key has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PermitsOutOfRange {
+    /// The permits asked for.
+    pub requested: u32,
+    /// The permits a key has.
+    pub capacity: u32,
+}
+
+impl fmt::Display for PermitsOutOfRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "asked for {} permits; a key has {}, and a request takes at least 1",
+            self.requested, self.capacity
+        )
+    }
+}
+
+impl std::error::Error for PermitsOutOfRange {}
 
 /// One key's state.
 #[derive(Debug, Default)]
 struct Entry {
     /// Waiters in order of arrival, plus tombstones of cancelled ones (invariant 4).
     queue: WaiterQueue,
-    /// Holding records of this key: 0 or 1 (invariant 3).
+    /// Holding records of this key (invariant 2).
     holders: u32,
     /// Waiting records of this key (invariant 2).
     waiters: u32,
+    /// Permits its holders hold: at most the table's capacity (invariant 3).
+    permits: u32,
 }
 
 impl Entry {
@@ -153,6 +200,10 @@ impl WaiterQueue {
         self.0.as_mut()?.pop_front()
     }
 
+    fn front(&self) -> Option<&WaiterId> {
+        self.0.as_ref()?.front()
+    }
+
     fn len(&self) -> usize {
         self.0.as_ref().map_or(0, |queue| queue.len())
     }
@@ -171,6 +222,8 @@ impl WaiterQueue {
 /// One acquirer.
 struct Record<K, D> {
     key: K,
+    /// The permits it asked for, held once granted.
+    permits: Permits,
     state: RecordState<D>,
 }
 
@@ -268,39 +321,107 @@ impl<K, D> LockTable<K, D>
 where
     K: Hash + Eq + Clone,
 {
-    /// An empty table whose first grant carries fencing token 1.
+    /// An empty table of exclusive locks (one permit per key) whose first grant carries
+    /// fencing token 1.
     pub fn new() -> Self {
+        Self::with_capacity(NonZeroU32::MIN)
+    }
+
+    /// An empty table whose keys have `capacity` permits each: an exclusive acquirer takes
+    /// them all, others take [`permits`](Self::permits) of them.
+    pub fn with_capacity(capacity: NonZeroU32) -> Self {
         LockTable {
             entries: HashMap::default(),
             records: Records::new(),
             next_fencing_token: 1,
+            capacity,
             held_keys: 0,
+            holders: 0,
+            permits_in_use: 0,
             waiting: 0,
         }
     }
 
-    /// Asks for `key`: granted at once if the key is free, queued behind the current holder
-    /// and earlier waiters otherwise.
+    /// The permits each key has.
+    pub fn capacity(&self) -> NonZeroU32 {
+        self.capacity
+    }
+
+    /// A request for `count` of a key's permits.
+    ///
+    /// # Errors
+    ///
+    /// [`PermitsOutOfRange`] if `count` is 0 or above the table's capacity.
+    pub fn permits(&self, count: u32) -> Result<Permits, PermitsOutOfRange> {
+        NonZeroU32::new(count)
+            .filter(|count| *count <= self.capacity)
+            .map(Permits)
+            .ok_or(PermitsOutOfRange {
+                requested: count,
+                capacity: self.capacity.get(),
+            })
+    }
+
+    /// A request for every permit of a key: an exclusive lock.
+    pub fn all_permits(&self) -> Permits {
+        Permits(self.capacity)
+    }
+
+    /// Asks for `key` exclusively: granted at once if nobody holds or waits for it, queued
+    /// behind the current holders and earlier waiters otherwise.
     pub fn acquire(&mut self, key: K, delivery: D) -> Acquired<D> {
+        self.acquire_permits(key, self.all_permits(), delivery)
+    }
+
+    /// Asks for `permits` of `key`'s permits: granted at once if nobody waits for the key and
+    /// enough permits are free, queued behind the earlier waiters otherwise (strict FIFO: a
+    /// request is never overtaken by a later one, however small).
+    pub fn acquire_permits(&mut self, key: K, permits: Permits, delivery: D) -> Acquired<D> {
         match self.entries.entry(key) {
             hash_map::Entry::Occupied(mut occupied) => {
+                let entry = occupied.get_mut();
+                // Invariant 5: with no live waiter ahead, fitting is the only condition.
+                if entry.waiters == 0 && fits(entry, permits, self.capacity) {
+                    let key = occupied.key().clone();
+                    let (waiter_id, fencing_token) = hold(
+                        occupied.get_mut(),
+                        key,
+                        permits,
+                        &mut self.records,
+                        &mut self.next_fencing_token,
+                    );
+                    self.holders += 1;
+                    self.permits_in_use += permits.get() as usize;
+                    return Acquired::Granted(Grant {
+                        waiter_id,
+                        fencing_token,
+                        delivery,
+                    });
+                }
                 let waiter_id = self.records.insert(Record {
                     key: occupied.key().clone(),
+                    permits,
                     state: RecordState::Waiting(delivery),
                 });
-                // Invariant 1: an entry means a holder or a waiter, and invariant 5: waiters
-                // mean a holder. So the key is held: queue behind everyone (FIFO).
                 let entry = occupied.get_mut();
-                debug_assert!(entry.holders > 0, "invariant 5");
                 entry.queue.push_back(waiter_id);
                 entry.waiters += 1;
                 self.waiting += 1;
                 Acquired::Queued(waiter_id)
             }
             hash_map::Entry::Vacant(vacant) => {
-                let (waiter_id, fencing_token) =
-                    hold_new_entry(vacant, &mut self.records, &mut self.next_fencing_token);
+                let key = vacant.key().clone();
+                let entry = vacant.insert(Entry::default());
+                let (waiter_id, fencing_token) = hold(
+                    entry,
+                    key,
+                    permits,
+                    &mut self.records,
+                    &mut self.next_fencing_token,
+                );
                 self.held_keys += 1;
+                self.holders += 1;
+                self.permits_in_use += permits.get() as usize;
                 Acquired::Granted(Grant {
                     waiter_id,
                     fencing_token,
@@ -310,16 +431,41 @@ where
         }
     }
 
-    /// Takes `key` if it is free; otherwise changes nothing, creates no entry and returns
-    /// [`WouldBlock`].
+    /// Takes `key` exclusively if nobody holds or waits for it; otherwise changes nothing,
+    /// creates no entry and returns [`WouldBlock`].
     pub fn try_acquire(&mut self, key: K) -> Result<Grant<()>, WouldBlock> {
-        // Invariant 1: an entry means a holder or a waiter, so only a key without one is free.
-        let hash_map::Entry::Vacant(vacant) = self.entries.entry(key) else {
-            return Err(WouldBlock);
+        self.try_acquire_permits(key, self.all_permits())
+    }
+
+    /// Takes `permits` of `key`'s permits if nobody waits for the key and enough are free;
+    /// otherwise changes nothing, creates no entry and returns [`WouldBlock`].
+    pub fn try_acquire_permits(
+        &mut self,
+        key: K,
+        permits: Permits,
+    ) -> Result<Grant<()>, WouldBlock> {
+        let entry = match self.entries.entry(key) {
+            hash_map::Entry::Occupied(occupied) => {
+                if occupied.get().waiters > 0 || !fits(occupied.get(), permits, self.capacity) {
+                    return Err(WouldBlock);
+                }
+                occupied
+            }
+            hash_map::Entry::Vacant(vacant) => {
+                self.held_keys += 1;
+                vacant.insert_entry(Entry::default())
+            }
         };
-        let (waiter_id, fencing_token) =
-            hold_new_entry(vacant, &mut self.records, &mut self.next_fencing_token);
-        self.held_keys += 1;
+        let key = entry.key().clone();
+        let (waiter_id, fencing_token) = hold(
+            entry.into_mut(),
+            key,
+            permits,
+            &mut self.records,
+            &mut self.next_fencing_token,
+        );
+        self.holders += 1;
+        self.permits_in_use += permits.get() as usize;
         Ok(Grant {
             waiter_id,
             fencing_token,
@@ -327,8 +473,9 @@ where
         })
     }
 
-    /// Ends the hold of `waiter_id` on its key and grants the key to the next live waiter, if
-    /// any, appending that grant to `granted`. Returns the released key.
+    /// Ends the hold of `waiter_id` on its key and grants the key's permits to the waiters at
+    /// the front of its queue that now fit, in order, appending their grants to `granted`.
+    /// Returns the released key.
     ///
     /// # Errors
     ///
@@ -356,37 +503,34 @@ where
             return Err(WaiterError::Unknown(waiter_id));
         };
         entry.holders -= 1;
-        self.held_keys -= 1;
-        if let Some(grant) = grant_next(
-            entry,
-            &mut self.records,
-            &mut self.next_fencing_token,
-            &mut self.waiting,
-        ) {
-            self.held_keys += 1;
-            granted.push(grant);
+        entry.permits -= record.permits.get();
+        self.holders -= 1;
+        self.permits_in_use -= record.permits.get() as usize;
+        if entry.holders == 0 {
+            self.held_keys -= 1;
         }
-        // Granting shortens the queue by one but lowers the bound of invariant 6 by two.
-        compact_queue(entry, &self.records);
-        // Invariant 1: the entry goes in the same step as its last holder or waiter.
-        if entry.holders_and_waiters() == 0 {
-            self.entries.remove(&record.key);
-        }
+        self.grant_fitting(&record.key, granted);
         Ok(record.key)
     }
 
     /// Withdraws `waiter_id` from its key's queue and returns its key and delivery.
     ///
-    /// Cancelling never grants anything: a queued waiter implies a holder (invariant 5), and
-    /// that holder still holds. The id stays in the queue as a tombstone until it reaches the
-    /// front or the queue is compacted (invariants 4 and 6), which keeps this O(1) amortized.
+    /// A waiter that asked for more permits than were free holds back the smaller requests
+    /// behind it (FIFO); withdrawing it lets those that now fit through, and their grants are
+    /// appended to `granted`. With one permit per key nothing is ever granted here. The id stays
+    /// in the queue as a tombstone until it reaches the front or the queue is compacted
+    /// (invariants 4 and 6), which keeps this O(1) amortized.
     ///
     /// # Errors
     ///
     /// [`WaiterError::Unknown`] if no record has this id (for instance it was granted and then
     /// released), [`WaiterError::NotWaiting`] if it holds its key. The table is unchanged on
     /// error.
-    pub fn cancel(&mut self, waiter_id: WaiterId) -> Result<(K, D), WaiterError> {
+    pub fn cancel(
+        &mut self,
+        waiter_id: WaiterId,
+        granted: &mut Vec<Grant<D>>,
+    ) -> Result<(K, D), WaiterError> {
         match self.records.get(waiter_id) {
             None => return Err(WaiterError::Unknown(waiter_id)),
             Some(Record {
@@ -398,6 +542,7 @@ where
         let Some(Record {
             key,
             state: RecordState::Waiting(delivery),
+            ..
         }) = self.records.remove(waiter_id)
         else {
             return Err(WaiterError::Unknown(waiter_id));
@@ -405,16 +550,43 @@ where
         self.waiting -= 1;
         if let Some(entry) = self.entries.get_mut(&key) {
             entry.waiters -= 1;
-            compact_queue(entry, &self.records);
-            // Invariant 5 says the key still has its holder, so the entry stays; this only
-            // matters if that invariant were ever broken.
-            if entry.holders_and_waiters() == 0 {
-                self.entries.remove(&key);
-            }
         } else {
             debug_assert!(false, "invariant 1: waiter without entry");
         }
+        self.grant_fitting(&key, granted);
         Ok((key, delivery))
+    }
+
+    /// After a release or a cancel on `key`: grants the waiters at the front of its queue that
+    /// fit, in order, stopping at the first that does not (FIFO, invariant 5); then compacts
+    /// the queue (invariant 6) and removes the entry if nobody holds or waits (invariant 1).
+    fn grant_fitting(&mut self, key: &K, granted: &mut Vec<Grant<D>>) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let was_held = entry.holders > 0;
+        while let Some(grant) = grant_next(
+            entry,
+            self.capacity,
+            &mut self.records,
+            &mut self.next_fencing_token,
+        ) {
+            self.waiting -= 1;
+            self.holders += 1;
+            self.permits_in_use += self
+                .records
+                .get(grant.waiter_id)
+                .map_or(0, |record| record.permits.get() as usize);
+            granted.push(grant);
+        }
+        if !was_held && entry.holders > 0 {
+            self.held_keys += 1;
+        }
+        compact_queue(entry, &self.records);
+        // Invariant 1: the entry goes in the same step as its last holder or waiter.
+        if entry.holders_and_waiters() == 0 {
+            self.entries.remove(key);
+        }
     }
 
     /// Empties the table: every waiter is withdrawn and returned with its delivery, in order of
@@ -432,6 +604,8 @@ where
             .collect();
         self.entries.clear();
         self.held_keys = 0;
+        self.holders = 0;
+        self.permits_in_use = 0;
         self.waiting = 0;
         waiters
     }
@@ -468,6 +642,8 @@ where
         RegistryStats {
             keys: self.entries.len(),
             held: self.held_keys,
+            holders: self.holders,
+            permits: self.permits_in_use,
             waiting: self.waiting,
             grants: self.next_fencing_token - 1,
         }
@@ -485,6 +661,7 @@ where
         }
         let mut holding_of: HashMap<&K, u32> = HashMap::new();
         let mut waiting_of: HashMap<&K, u32> = HashMap::new();
+        let mut permits_of: HashMap<&K, u32> = HashMap::new();
         for (waiter_id, record) in self.records.iter() {
             if !self.entries.contains_key(&record.key) {
                 return broken(1, format!("record {waiter_id:?} has no entry"));
@@ -492,6 +669,7 @@ where
             match record.state {
                 RecordState::Holding { fencing_token } => {
                     *holding_of.entry(&record.key).or_default() += 1;
+                    *permits_of.entry(&record.key).or_default() += record.permits.get();
                     if fencing_token == 0 || fencing_token >= self.next_fencing_token {
                         return broken(
                             8,
@@ -502,7 +680,7 @@ where
                 RecordState::Waiting(_) => *waiting_of.entry(&record.key).or_default() += 1,
             }
         }
-        let (mut held_keys, mut waiting) = (0, 0);
+        let (mut held_keys, mut holders_total, mut permits_total, mut waiting) = (0, 0, 0, 0);
         for (key, entry) in &self.entries {
             let holders = holding_of.get(key).copied().unwrap_or(0);
             let waiters = waiting_of.get(key).copied().unwrap_or(0);
@@ -518,8 +696,15 @@ where
                     ),
                 );
             }
-            if entry.holders > 1 {
-                return broken(3, format!("{} holders of one key", entry.holders));
+            let permits = permits_of.get(key).copied().unwrap_or(0);
+            if entry.permits != permits || permits > self.capacity.get() {
+                return broken(
+                    3,
+                    format!(
+                        "entry counts {} permits, its holders hold {permits}, capacity {}",
+                        entry.permits, self.capacity
+                    ),
+                );
             }
             let mut live_in_queue = 0;
             for id in entry.queue.iter() {
@@ -538,8 +723,18 @@ where
                     format!("{live_in_queue} live ids queued for {waiters} waiters"),
                 );
             }
-            if entry.waiters > 0 && entry.holders == 0 {
-                return broken(5, format!("{} waiters on a free key", entry.waiters));
+            let first_waiter = entry.queue.iter().find_map(|id| self.records.get(*id));
+            if let Some(first) = first_waiter
+                && fits(entry, first.permits, self.capacity)
+            {
+                return broken(
+                    5,
+                    format!(
+                        "the first waiter asks for {} permits and {} are free",
+                        first.permits.get(),
+                        self.capacity.get() - entry.permits
+                    ),
+                );
             }
             if entry.queue.len() > 2 * entry.waiters as usize + TOMBSTONE_SLACK {
                 return broken(
@@ -552,14 +747,22 @@ where
                 );
             }
             held_keys += usize::from(entry.holders > 0);
+            holders_total += entry.holders as usize;
+            permits_total += entry.permits as usize;
             waiting += entry.waiters as usize;
         }
-        if held_keys != self.held_keys || waiting != self.waiting {
+        let counted = (held_keys, holders_total, permits_total, waiting);
+        let kept = (
+            self.held_keys,
+            self.holders,
+            self.permits_in_use,
+            self.waiting,
+        );
+        if counted != kept {
             return broken(
                 7,
                 format!(
-                    "counters say {} held, {} waiting; entries say {held_keys}, {waiting}",
-                    self.held_keys, self.waiting
+                    "(held, holders, permits, waiting): counters say {kept:?}, entries {counted:?}"
                 ),
             );
         }
@@ -567,25 +770,30 @@ where
     }
 }
 
-/// Creates the entry of a free key with one holder and returns the holder's id and token.
+/// Whether `permits` more fit in `entry` (invariant 3).
+fn fits(entry: &Entry, permits: Permits, capacity: NonZeroU32) -> bool {
+    entry.permits + permits.get() <= capacity.get()
+}
+
+/// Makes a new holder of `permits` on `entry` and returns its id and token.
 ///
 /// Free functions over the table's fields, like this one, let a caller keep its borrow of the
 /// entry map while the records change.
-fn hold_new_entry<K: Clone, D>(
-    vacant: hash_map::VacantEntry<'_, K, Entry>,
+fn hold<K, D>(
+    entry: &mut Entry,
+    key: K,
+    permits: Permits,
     records: &mut Records<Record<K, D>>,
     next_fencing_token: &mut u64,
 ) -> (WaiterId, u64) {
     let fencing_token = next_token(next_fencing_token);
     let waiter_id = records.insert(Record {
-        key: vacant.key().clone(),
+        key,
+        permits,
         state: RecordState::Holding { fencing_token },
     });
-    vacant.insert(Entry {
-        queue: WaiterQueue::default(),
-        holders: 1,
-        waiters: 0,
-    });
+    entry.holders += 1;
+    entry.permits += permits.get();
     (waiter_id, fencing_token)
 }
 
@@ -597,19 +805,24 @@ fn compact_queue<K, D>(entry: &mut Entry, records: &Records<Record<K, D>>) {
     }
 }
 
-/// Grants a free `entry` to its first live waiter, dropping tombstones on the way.
+/// Grants the first live waiter of `entry` if its permits fit, dropping tombstones on the way;
+/// `None` if the queue is empty or its first live waiter does not fit.
 fn grant_next<K, D>(
     entry: &mut Entry,
+    capacity: NonZeroU32,
     records: &mut Records<Record<K, D>>,
     next_fencing_token: &mut u64,
-    waiting: &mut usize,
 ) -> Option<Grant<D>> {
-    debug_assert_eq!(entry.holders, 0, "grant_next on a held key");
-    while let Some(waiter_id) = entry.queue.pop_front() {
+    while let Some(&waiter_id) = entry.queue.front() {
         // A tombstone (cancelled waiter) has no record any more: skip it (invariant 4).
         let Some(record) = records.get_mut(waiter_id) else {
+            entry.queue.pop_front();
             continue;
         };
+        if !fits(entry, record.permits, capacity) {
+            return None;
+        }
+        entry.queue.pop_front();
         let fencing_token = next_token(next_fencing_token);
         let RecordState::Waiting(delivery) =
             std::mem::replace(&mut record.state, RecordState::Holding { fencing_token })
@@ -619,8 +832,8 @@ fn grant_next<K, D>(
             continue;
         };
         entry.waiters -= 1;
-        entry.holders = 1;
-        *waiting -= 1;
+        entry.holders += 1;
+        entry.permits += record.permits.get();
         return Some(Grant {
             waiter_id,
             fencing_token,

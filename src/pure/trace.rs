@@ -31,8 +31,11 @@
 //! seq      = count ;                                (* see "Checks" below *)
 //! time     = "+" count "." micros "s" ;             (* seconds since the registry started *)
 //! micros   = 6 * digit | 9 * digit ;                (* 9 digits only if not whole µs *)
-//! action   = "acquire " waiter " " key
+//! action   = "acquire " waiter " " key                (* exclusive: every permit *)
 //!          | "try_acquire " key
+//!          | "acquire_permits " waiter " " count " " key  (* 1 for a shared lock *)
+//!          | "try_acquire_permits " count " " key
+//!          | "capacity " count                     (* permits per key; first, if not 1 *)
 //!          | "release " waiter
 //!          | "cancel " waiter
 //!          | "shutdown"
@@ -397,6 +400,8 @@ pub enum Expected {
     DroppedCount,
     /// A lease's fence.
     Fence,
+    /// A count of permits, from 1 to `u32::MAX`.
+    Permits,
     /// A lease's name, quoted.
     LeaseName,
 }
@@ -413,6 +418,7 @@ impl fmt::Display for Expected {
             Expected::EndOfLine => "the end of the line",
             Expected::DroppedCount => "a count of dropped events",
             Expected::Fence => "a fence (a whole number)",
+            Expected::Permits => "a count of permits (1 or more)",
             Expected::LeaseName => "a lease name in double quotes",
         })
     }
@@ -522,8 +528,9 @@ impl fmt::Display for TraceError {
             },
             TraceError::UnknownEvent { found, .. } => write!(
                 f,
-                "unknown event {} (expected acquire, try_acquire, release, cancel, shutdown, \
-                 grant, would_block, closed, refused or a lease_ event)",
+                "unknown event {} (expected acquire, try_acquire, acquire_permits, \
+                 try_acquire_permits, capacity, release, cancel, shutdown, grant, would_block, \
+                 closed, refused or a lease_ event)",
                 quoted(found)
             ),
             TraceError::BadSequence {
@@ -743,6 +750,27 @@ fn parse_event_line<K, C: KeyCodec<K>>(
             }
         }
         names::TRY_ACQUIRE => JournalEvent::TryAcquire { key: key(rest)? },
+        names::ACQUIRE_PERMITS => {
+            let (waiter, rest) = waiter(rest)?;
+            let (permits, rest) = split_permits(rest, line)?;
+            JournalEvent::AcquirePermits {
+                waiter,
+                key: key(rest)?,
+                permits,
+            }
+        }
+        names::TRY_ACQUIRE_PERMITS => {
+            let (permits, rest) = split_permits(rest, line)?;
+            JournalEvent::TryAcquirePermits {
+                key: key(rest)?,
+                permits,
+            }
+        }
+        names::CAPACITY => {
+            let (permits, rest) = split_permits(rest, line)?;
+            end(rest)?;
+            JournalEvent::Capacity { permits }
+        }
         names::RELEASE => {
             let (waiter, rest) = waiter(rest)?;
             end(rest)?;
@@ -810,6 +838,20 @@ fn parse_event_line<K, C: KeyCodec<K>>(
         }
     };
     Ok(JournalEntry { seq, at, event })
+}
+
+/// Splits off a count of permits (1 or more, fitting a `u32`) at the start of `text`.
+fn split_permits(text: &str, line: usize) -> Result<(u32, &str), TraceError> {
+    let (permits_text, rest) = split_token(text);
+    let permits = parse_count(permits_text)
+        .and_then(|count| u32::try_from(count).ok())
+        .filter(|count| *count > 0)
+        .ok_or_else(|| TraceError::Expected {
+            line,
+            expected: Expected::Permits,
+            found: found(permits_text),
+        })?;
+    Ok((permits, rest))
 }
 
 /// The lease name that ends a lease line, quoted as [`StringKeys`] writes it.
@@ -896,6 +938,9 @@ mod names {
     pub(super) const WOULD_BLOCK: &str = "would_block";
     pub(super) const CLOSED: &str = "closed";
     pub(super) const REFUSED: &str = "refused";
+    pub(super) const ACQUIRE_PERMITS: &str = "acquire_permits";
+    pub(super) const TRY_ACQUIRE_PERMITS: &str = "try_acquire_permits";
+    pub(super) const CAPACITY: &str = "capacity";
     pub(super) const LEASE_REQUESTED: &str = "lease_requested";
     pub(super) const LEASE_GRANTED: &str = "lease_granted";
     pub(super) const LEASE_LOST: &str = "lease_lost";
@@ -929,6 +974,26 @@ pub(crate) fn write_event<K>(
         JournalEvent::TryAcquire { key } => {
             let _ = write!(out, "{} ", names::TRY_ACQUIRE);
             write_key(key, out);
+        }
+        JournalEvent::AcquirePermits {
+            waiter,
+            key,
+            permits,
+        } => {
+            let _ = write!(
+                out,
+                "{} {} {permits} ",
+                names::ACQUIRE_PERMITS,
+                format_waiter(*waiter)
+            );
+            write_key(key, out);
+        }
+        JournalEvent::TryAcquirePermits { key, permits } => {
+            let _ = write!(out, "{} {permits} ", names::TRY_ACQUIRE_PERMITS);
+            write_key(key, out);
+        }
+        JournalEvent::Capacity { permits } => {
+            let _ = write!(out, "{} {permits}", names::CAPACITY);
         }
         JournalEvent::Release { waiter } => {
             let _ = write!(out, "{} {}", names::RELEASE, format_waiter(*waiter));

@@ -202,7 +202,14 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
                 let delivery = Delivery::Message(Box::new(Box::new(move |guard: Option<_>| {
                     reply.send(guard.ok_or(AcquireError::Closed))
                 })));
-                let _done = owner.step(Request::Acquire { key, delivery }, effects);
+                let _done = owner.step(
+                    Request::Acquire {
+                        key,
+                        permits: None,
+                        delivery,
+                    },
+                    effects,
+                );
                 None
             })
             .await;
@@ -230,7 +237,14 @@ impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
                     debug!(?key, "try acquire sent to the wrong shard: refused");
                     return Err(TryAcquireError::WrongShard);
                 }
-                match owner.step(Request::TryAcquire { key, grant: None }, effects) {
+                match owner.step(
+                    Request::TryAcquire {
+                        key,
+                        permits: None,
+                        grant: None,
+                    },
+                    effects,
+                ) {
                     // No guard only if no handle or guard is left: the registry is about to stop.
                     Outcome::Granted(granted) => owner
                         .guard_for_message(granted.waiter_id, granted.fencing_token)

@@ -9,6 +9,7 @@
 //! and `Debug`, and a `tracing` subscriber's handling of the debug events: the table cannot
 //! work without the first, and the events name the key.
 
+use std::num::NonZeroU32;
 use std::sync::{Arc, OnceLock};
 use std::task::Waker;
 
@@ -22,7 +23,7 @@ use crate::request::{Delivery, MessageReply, Outcome, Request, WeakRequestSender
 use crate::run_token::{CALLER_SERVE_BOUND, Entry, Owned};
 use crate::shard::ShardRouter;
 use crate::stats::RegistryStats;
-use crate::table::{Acquired, Grant, WaiterId};
+use crate::table::{Acquired, Grant, Permits, WaiterId};
 
 /// A registry shard's state: its lock table and what it needs to deliver grants. Reached
 /// only through the run token.
@@ -49,6 +50,8 @@ pub(crate) struct Owner<K: LockKey> {
 pub(crate) struct OwnerConfig<K> {
     /// Keep the last this many journal events; no journal if `None`.
     pub(crate) journal_capacity: Option<usize>,
+    /// Permits per key.
+    pub(crate) capacity: NonZeroU32,
     pub(crate) final_journal: Arc<OnceLock<Journal<K>>>,
     pub(crate) shard: usize,
     pub(crate) router: ShardRouter,
@@ -138,10 +141,7 @@ impl<K: LockKey> Owned<Request<K>> for Owner<K> {
 impl<K: LockKey> Owner<K> {
     pub(crate) fn new(config: OwnerConfig<K>, weak_requests: WeakRequestSender<K>) -> Self {
         Owner {
-            table: match config.journal_capacity {
-                Some(capacity) => JournaledTable::with_journal(capacity),
-                None => JournaledTable::new(),
-            },
+            table: JournaledTable::for_permits(config.capacity, config.journal_capacity),
             started: tokio::time::Instant::now(),
             granted: Vec::new(),
             weak_requests,
@@ -155,18 +155,26 @@ impl<K: LockKey> Owner<K> {
     #[inline]
     pub(crate) fn step(&mut self, request: Request<K>, effects: &mut Effects<K>) -> Outcome<K> {
         match request {
-            Request::Acquire { key, delivery } => self.acquire(key, delivery, effects),
-            Request::TryAcquire { key, grant } => self.try_acquire(key, grant, effects),
+            Request::Acquire {
+                key,
+                permits,
+                delivery,
+            } => self.acquire(key, permits, delivery, effects),
+            Request::TryAcquire {
+                key,
+                permits,
+                grant,
+            } => self.try_acquire(key, permits, grant, effects),
             Request::Release { waiter_id } => {
                 self.stamp_time();
                 self.release(waiter_id);
                 self.deliver_grants(effects)
             }
             Request::Cancel { waiter_id } => {
-                // Cancelling never grants (a queued waiter implies a holder): nothing to deliver.
+                // A withdrawn waiter may have held back smaller requests behind it.
                 self.stamp_time();
                 self.cancel(waiter_id);
-                Outcome::Done
+                self.deliver_grants(effects)
             }
             Request::Stats { reply } => {
                 let stats = self.table.table().stats();
@@ -211,7 +219,13 @@ impl<K: LockKey> Owner<K> {
     }
 
     #[inline]
-    fn acquire(&mut self, key: K, delivery: Delivery<K>, effects: &mut Effects<K>) -> Outcome<K> {
+    fn acquire(
+        &mut self,
+        key: K,
+        permits: Option<Permits>,
+        delivery: Delivery<K>,
+        effects: &mut Effects<K>,
+    ) -> Outcome<K> {
         if let Delivery::Channel(grant) = &delivery
             && grant.is_abandoned()
         {
@@ -221,7 +235,11 @@ impl<K: LockKey> Owner<K> {
         }
         debug!(?key, "acquire");
         self.stamp_time();
-        match self.table.acquire(key, delivery) {
+        let acquired = match permits {
+            None => self.table.acquire(key, delivery),
+            Some(permits) => self.table.acquire_permits(key, permits, delivery),
+        };
+        match acquired {
             Acquired::Granted(grant) => self.granted.push(grant),
             Acquired::Queued(waiter_id) => match self.table.delivery_mut(waiter_id) {
                 // The caller is here: give it a channel to wait on, already marked queued.
@@ -245,6 +263,7 @@ impl<K: LockKey> Owner<K> {
     fn try_acquire(
         &mut self,
         key: K,
+        permits: Option<Permits>,
         grant: Option<grant::GrantSender>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
@@ -256,7 +275,11 @@ impl<K: LockKey> Owner<K> {
         }
         debug!(?key, "try acquire");
         self.stamp_time();
-        match (self.table.try_acquire(key), grant) {
+        let taken = match permits {
+            None => self.table.try_acquire(key),
+            Some(permits) => self.table.try_acquire_permits(key, permits),
+        };
+        match (taken, grant) {
             // Delivered like any grant, so a caller that gave up meanwhile releases it at once.
             (Ok(granted), grant) => self.granted.push(Grant {
                 waiter_id: granted.waiter_id,
@@ -344,7 +367,7 @@ impl<K: LockKey> Owner<K> {
     }
 
     fn cancel(&mut self, waiter_id: WaiterId) {
-        match self.table.cancel(waiter_id) {
+        match self.table.cancel(waiter_id, &mut self.granted) {
             Ok((key, _delivery)) => debug!(?key, "cancel"),
             // The waiter was granted (and its grant refused) before its cancel arrived.
             Err(error) => debug!(%error, "cancel found nothing to withdraw"),

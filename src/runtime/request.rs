@@ -16,16 +16,25 @@ use crate::journal::JournalEvent;
 use crate::owner::Owner;
 use crate::run_token;
 use crate::stats::RegistryStats;
-use crate::table::WaiterId;
+use crate::table::{Permits, WaiterId};
 
 /// One request to a registry shard's owner.
 #[derive(Debug)]
 pub(crate) enum Request<K: LockKey> {
     /// A [`lock`](crate::LockRegistry::lock) call or an `ask(Acquire)`: grant `key` in turn.
-    Acquire { key: K, delivery: Delivery<K> },
+    /// `permits`: `None` for an exclusive lock (every permit of the key).
+    Acquire {
+        key: K,
+        permits: Option<Permits>,
+        delivery: Delivery<K>,
+    },
     /// A [`try_lock`](crate::LockRegistry::try_lock) call or an `ask(TryAcquire)`: grant
     /// `key` if it is free, else answer would-block. `None`: the caller runs the step.
-    TryAcquire { key: K, grant: Option<GrantSender> },
+    TryAcquire {
+        key: K,
+        permits: Option<Permits>,
+        grant: Option<GrantSender>,
+    },
     /// A guard's drop, or a `lock` call dropped with its grant in flight.
     Release { waiter_id: WaiterId },
     /// A queued `lock` call dropped.

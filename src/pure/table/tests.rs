@@ -1,7 +1,5 @@
 use super::*;
 
-
-
 /// Keys and deliveries are labels, so a failing assertion names the waiter it is about.
 type Table = LockTable<&'static str, &'static str>;
 
@@ -167,13 +165,13 @@ fn entry_stays_until_last_holder_or_waiter_goes() {
     let (mut table, holder, waiters) = held_with_waiters("a", &["w1", "w2", "w3"]);
     let mut grants = Vec::new();
 
-    table.cancel(waiters[1]).unwrap();
+    table.cancel(waiters[1], &mut Vec::new()).unwrap();
     step(&table);
     assert!(table.contains_key(&"a"), "held and w1, w3 waiting");
     table.release(holder, &mut grants).unwrap();
     step(&table);
     assert!(table.contains_key(&"a"), "w1 holds, w3 waiting");
-    table.cancel(waiters[2]).unwrap();
+    table.cancel(waiters[2], &mut Vec::new()).unwrap();
     step(&table);
     assert!(table.contains_key(&"a"), "w1 holds");
     table.release(waiters[0], &mut grants).unwrap();
@@ -199,7 +197,7 @@ fn mix_of_acquire_try_acquire_release_and_cancel_leaves_no_entry() {
     step(&table);
     assert_eq!(table.stats().keys, 3);
 
-    table.cancel(b_waiter).unwrap();
+    table.cancel(b_waiter, &mut Vec::new()).unwrap();
     step(&table);
     table.release(a_holder, &mut grants).unwrap();
     step(&table);
@@ -226,7 +224,7 @@ fn mix_of_acquire_try_acquire_release_and_cancel_leaves_no_entry() {
 fn cancelled_waiter_returns_its_key_and_delivery_and_grants_nothing() {
     let (mut table, _holder, waiters) = held_with_waiters("a", &["w1"]);
     let before = table.stats();
-    assert_eq!(table.cancel(waiters[0]), Ok(("a", "w1")));
+    assert_eq!(table.cancel(waiters[0], &mut Vec::new()), Ok(("a", "w1")));
     step(&table);
     let after = table.stats();
     assert_eq!(after.grants, before.grants, "cancel grants nothing");
@@ -238,7 +236,7 @@ fn cancelled_waiter_returns_its_key_and_delivery_and_grants_nothing() {
 #[test]
 fn cancelled_waiter_leaves_no_entry_once_holder_releases() {
     let (mut table, holder, waiters) = held_with_waiters("a", &["w1"]);
-    table.cancel(waiters[0]).unwrap();
+    table.cancel(waiters[0], &mut Vec::new()).unwrap();
     step(&table);
     assert!(table.contains_key(&"a"));
     let mut grants = Vec::new();
@@ -255,7 +253,7 @@ fn cancelled_waiter_leaves_no_entry_once_holder_releases() {
 #[test]
 fn cancelled_waiter_is_never_granted() {
     let (mut table, holder, waiters) = held_with_waiters("a", &["w1", "w2", "w3"]);
-    table.cancel(waiters[1]).unwrap();
+    table.cancel(waiters[1], &mut Vec::new()).unwrap();
     step(&table);
     let mut grants = Vec::new();
     table.release(holder, &mut grants).unwrap();
@@ -272,7 +270,7 @@ fn cancelled_waiter_is_never_granted() {
 #[test]
 fn cancelling_head_waiter_then_release_grants_second_waiter() {
     let (mut table, holder, waiters) = held_with_waiters("a", &["w1", "w2"]);
-    table.cancel(waiters[0]).unwrap();
+    table.cancel(waiters[0], &mut Vec::new()).unwrap();
     step(&table);
     let mut grants = Vec::new();
     table.release(holder, &mut grants).unwrap();
@@ -293,7 +291,7 @@ fn cancel_of_granted_waiter_is_not_waiting() {
     step(&table);
     let before = table.stats();
     assert_eq!(
-        table.cancel(waiters[0]),
+        table.cancel(waiters[0], &mut Vec::new()),
         Err(WaiterError::NotWaiting(waiters[0]))
     );
     step(&table);
@@ -314,7 +312,7 @@ fn release_and_cancel_of_unknown_ids_are_refused_and_change_nothing() {
     table.release(released, &mut grants).unwrap();
     step(&table);
     let cancelled = waiters[1];
-    table.cancel(cancelled).unwrap();
+    table.cancel(cancelled, &mut Vec::new()).unwrap();
     step(&table);
     let never_issued = WaiterId::new(u64::MAX).unwrap();
 
@@ -325,7 +323,7 @@ fn release_and_cancel_of_unknown_ids_are_refused_and_change_nothing() {
             Err(WaiterError::Unknown(unknown))
         );
         step(&table);
-        assert_eq!(table.cancel(unknown), Err(WaiterError::Unknown(unknown)));
+        assert_eq!(table.cancel(unknown, &mut Vec::new()), Err(WaiterError::Unknown(unknown)));
         step(&table);
         assert_eq!(table.key_of(unknown), None);
         assert_eq!(table.delivery_of(unknown), None);
@@ -364,7 +362,7 @@ fn release_of_queued_waiter_is_not_holding_and_changes_nothing() {
 fn cancel_of_holder_is_not_waiting_and_changes_nothing() {
     let (mut table, holder, waiters) = held_with_waiters("a", &["w1"]);
     let before = table.stats();
-    assert_eq!(table.cancel(holder), Err(WaiterError::NotWaiting(holder)));
+    assert_eq!(table.cancel(holder, &mut Vec::new()), Err(WaiterError::NotWaiting(holder)));
     step(&table);
     assert_eq!(table.stats(), before);
     assert_eq!(table.key_of(holder), Some(&"a"));
@@ -392,7 +390,7 @@ fn stale_id_never_aliases_a_later_acquirer() {
         Err(WaiterError::Unknown(stale))
     );
     step(&table);
-    assert_eq!(table.cancel(stale), Err(WaiterError::Unknown(stale)));
+    assert_eq!(table.cancel(stale, &mut Vec::new()), Err(WaiterError::Unknown(stale)));
     step(&table);
     assert_eq!(table.key_of(stale), None);
     assert_eq!(table.stats(), before);
@@ -406,7 +404,7 @@ fn stale_id_never_aliases_a_later_acquirer() {
 #[test]
 fn tombstone_is_skipped_and_a_later_waiter_behind_it_is_granted() {
     let (mut table, holder, waiters) = held_with_waiters("a", &["cancelled"]);
-    table.cancel(waiters[0]).unwrap();
+    table.cancel(waiters[0], &mut Vec::new()).unwrap();
     step(&table);
     // The next waiter on the same key queues behind the cancelled waiter's tombstone.
     let reuser = queued(table.acquire("a", "reuser"));
@@ -473,9 +471,9 @@ fn refused_calls_consume_no_fencing_token() {
     let (mut table, holder, waiters) = held_with_waiters("a", &["w1"]);
     assert_eq!(table.try_acquire("a"), Err(WouldBlock));
     step(&table);
-    assert_eq!(table.cancel(holder), Err(WaiterError::NotWaiting(holder)));
+    assert_eq!(table.cancel(holder, &mut Vec::new()), Err(WaiterError::NotWaiting(holder)));
     step(&table);
-    table.cancel(waiters[0]).unwrap();
+    table.cancel(waiters[0], &mut Vec::new()).unwrap();
     step(&table);
     assert_eq!(table.stats().grants, 1);
     table.release(holder, &mut Vec::new()).unwrap();
@@ -563,7 +561,7 @@ fn queue_stays_bounded_while_ten_thousand_waiters_time_out_on_a_held_key() {
         // A fixed pseudo-random sequence (LCG), so the run is the same every time.
         pick = pick.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
         let (waiter_id, label) = live.swap_remove((pick >> 33) % live.len());
-        assert_eq!(table.cancel(waiter_id), Ok(("a", label)));
+        assert_eq!(table.cancel(waiter_id, &mut Vec::new()), Ok(("a", label)));
         // Invariant 6 bounds the queue by the waiters left after every single cancel.
         step(table);
         longest_queue = longest_queue.max(table.entries[&"a"].queue.len());
@@ -613,7 +611,7 @@ fn long_queue_is_compacted_as_its_waiters_cancel_one_by_one() {
         step(&table);
     }
     for (label, &waiter_id) in waiters.iter().enumerate().rev() {
-        assert_eq!(table.cancel(waiter_id), Ok(("a", label)));
+        assert_eq!(table.cancel(waiter_id, &mut Vec::new()), Ok(("a", label)));
         step(&table);
     }
     let queue_len = table.entries[&"a"].queue.len();
@@ -646,7 +644,7 @@ fn queue_stays_bounded_when_waiter_ahead_of_tombstones_is_granted() {
         step(&table);
     }
     for waiter_id in behind {
-        table.cancel(waiter_id).unwrap();
+        table.cancel(waiter_id, &mut Vec::new()).unwrap();
         step(&table);
     }
     let mut grants = Vec::new();
@@ -673,7 +671,7 @@ fn shutdown_returns_every_waiter_delivery_once_and_empties_table() {
     }
     let cancelled = queued(table.acquire("b", "cancelled"));
     step(&table);
-    table.cancel(cancelled).unwrap();
+    table.cancel(cancelled, &mut Vec::new()).unwrap();
     step(&table);
     let grants_before = table.stats().grants;
 
@@ -690,6 +688,8 @@ fn shutdown_returns_every_waiter_delivery_once_and_empties_table() {
         RegistryStats {
             keys: 0,
             held: 0,
+            holders: 0,
+            permits: 0,
             waiting: 0,
             grants: grants_before
         }
@@ -708,7 +708,7 @@ fn shutdown_returns_every_waiter_delivery_once_and_empties_table() {
     }
     for (waiter_id, _) in &waiters {
         assert_eq!(
-            table.cancel(*waiter_id),
+            table.cancel(*waiter_id, &mut Vec::new()),
             Err(WaiterError::Unknown(*waiter_id))
         );
         step(&table);
@@ -743,7 +743,7 @@ fn fencing_tokens_keep_increasing_after_shutdown() {
     );
     step(&table);
     assert_eq!(
-        table.cancel(old_waiter),
+        table.cancel(old_waiter, &mut Vec::new()),
         Err(WaiterError::Unknown(old_waiter))
     );
     step(&table);
@@ -777,7 +777,7 @@ fn key_of_and_delivery_of_follow_a_waiter_through_its_life() {
         "granted: delivery handed back"
     );
 
-    table.cancel(waiters[1]).unwrap();
+    table.cancel(waiters[1], &mut Vec::new()).unwrap();
     step(&table);
     assert_eq!(table.key_of(waiters[1]), None);
     assert_eq!(table.delivery_of(waiters[1]), None);
@@ -843,7 +843,7 @@ fn shutdown_closes_waiters_in_order_of_arrival_across_keys() {
         .iter()
         .map(|label| queued(table.acquire(&label[..1], label)))
         .collect();
-    table.cancel(waiters[2]).unwrap();
+    table.cancel(waiters[2], &mut Vec::new()).unwrap();
     step(&table);
     let closed = table.shutdown();
     step(&table);
