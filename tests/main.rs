@@ -17,6 +17,7 @@ mod message_api;
 mod mutual_exclusion;
 mod no_leak;
 mod ordering;
+mod permits;
 // Not a behaviour: the one model of the table's rules that `table_model` and
 // `exhaustive_small_scope` check the real table against.
 mod reference_model;

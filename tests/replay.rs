@@ -356,3 +356,33 @@ fn lease_notes_are_copied_by_a_replay_and_change_nothing_in_the_table() {
         matches!(verify(&tampered), Err(VerifyError::Diverged(divergence)) if divergence.seq == 2)
     );
 }
+
+#[tokio::test]
+async fn a_journal_of_a_registry_with_permits_starts_with_its_capacity_and_replays() {
+    let registry = LockRegistry::builder()
+        .capacity(std::num::NonZeroU32::new(3).unwrap())
+        .journal(1_000)
+        .spawn();
+    let shared = registry.lock_shared(1u32).await.unwrap();
+    let two = registry.acquire(1, 2).await.unwrap();
+    let mut exclusive = tokio_test::task::spawn(registry.lock(1));
+    tokio_test::assert_pending!(exclusive.poll());
+    drop((shared, two));
+    drop(exclusive.await.unwrap());
+    let journal = registry.journal().await.unwrap();
+    assert_eq!(
+        journal.entries[0].event,
+        JournalEvent::Capacity { permits: 3 }
+    );
+    verify(&journal).unwrap();
+    let trace = write_trace(&journal, &IntegerKeys);
+    assert!(
+        trace.contains(" capacity 3\n") && trace.contains(" acquire_permits w2 2 1\n"),
+        "{trace}"
+    );
+    assert_eq!(parse_trace(&trace, &IntegerKeys).unwrap(), journal);
+    // The same inputs on a table of another capacity give other outputs.
+    let one_permit = trace.replace(" capacity 3\n", " capacity 2\n");
+    let one_permit = parse_trace::<u32, _>(&one_permit, &IntegerKeys).unwrap();
+    assert!(verify(&one_permit).is_err());
+}

@@ -512,6 +512,12 @@ fn any_key() -> impl Strategy<Value = String> + Clone {
     proptest::collection::vec(any::<char>(), 0..12).prop_map(String::from_iter)
 }
 
+/// Any key, for the events with permits (a second strategy: `any_key` is moved into the
+/// others).
+fn key_for_permits() -> impl Strategy<Value = String> {
+    any_key()
+}
+
 fn any_event() -> impl Strategy<Value = JournalEvent<String>> {
     let key = any_key();
     prop_oneof![
@@ -535,6 +541,16 @@ fn any_event() -> impl Strategy<Value = JournalEvent<String>> {
             ]
         )
             .prop_map(|(waiter, reason)| JournalEvent::Refused { waiter, reason }),
+        (any_waiter(), key_for_permits(), 1u32..=u32::MAX).prop_map(|(waiter, key, permits)| {
+            JournalEvent::AcquirePermits {
+                waiter,
+                key,
+                permits,
+            }
+        }),
+        (key_for_permits(), 1u32..=u32::MAX)
+            .prop_map(|(key, permits)| JournalEvent::TryAcquirePermits { key, permits }),
+        (1u32..=u32::MAX).prop_map(|permits| JournalEvent::Capacity { permits }),
         (
             any_key(),
             prop_oneof![
@@ -657,4 +673,51 @@ fn a_malformed_lease_note_is_rejected_with_what_was_expected() {
         matches!(unquoted, TraceError::Key { line: 5, .. }),
         "{unquoted:?}"
     );
+}
+
+#[test]
+fn permits_and_capacity_lines_round_trip_and_bad_counts_are_rejected() {
+    let trace = "1 +0.000000s capacity 3\n\
+                 2 +0.000000s acquire_permits w1 2 \"k\"\n\
+                 3 +0.000000s grant w1 1\n\
+                 4 +0.000001s try_acquire_permits 1 \"k\"\n\
+                 5 +0.000001s grant w2 2\n";
+    let journal = parse_trace::<String, _>(trace, &StringKeys).unwrap();
+    assert_eq!(
+        journal.entries[0].event,
+        JournalEvent::Capacity { permits: 3 }
+    );
+    assert_eq!(
+        journal.entries[1].event,
+        JournalEvent::AcquirePermits {
+            waiter: waiter("w1"),
+            key: "k".to_owned(),
+            permits: 2
+        }
+    );
+    assert_eq!(
+        write_trace(&journal, &StringKeys)
+            .lines()
+            .skip(2)
+            .collect::<Vec<_>>(),
+        trace.lines().collect::<Vec<_>>()
+    );
+    for bad_line in [
+        "3 +0.000001s acquire_permits w1 0 \"k\"",
+        "3 +0.000001s try_acquire_permits 4294967296 \"k\"",
+        "3 +0.000001s capacity x",
+    ] {
+        let error = error_for_line_five(bad_line);
+        assert!(
+            matches!(
+                error,
+                TraceError::Expected {
+                    line: 5,
+                    expected: Expected::Permits,
+                    ..
+                }
+            ),
+            "{bad_line}: {error:?}"
+        );
+    }
 }

@@ -155,26 +155,22 @@ where
             dropped: journal.dropped,
         });
     }
-    // The table's permits per key: a journal that starts with `Capacity` says so.
-    let (permits_per_key, inputs) = match journal.entries.first() {
-        Some(JournalEntry {
-            event: JournalEvent::Capacity { permits },
-            at,
-            ..
-        }) => (NonZeroU32::new(*permits), Some(*at)),
-        _ => (None, None),
+    // The table's permits per key: a journal that starts with `Capacity` says so, and a table
+    // made with more than one permit records that event itself.
+    let permits_per_key = match journal.entries.first().map(|entry| &entry.event) {
+        Some(JournalEvent::Capacity { permits }) => NonZeroU32::new(*permits),
+        _ => None,
     };
     let mut table = JournaledTable::<K, ()>::for_permits(
         permits_per_key.unwrap_or(NonZeroU32::MIN),
         Some(usize::MAX),
     );
     let mut granted = Vec::new();
-    // The first entry, if it was the capacity, is recorded by `for_permits` already.
-    let skip = usize::from(inputs.is_some() && permits_per_key.is_some_and(|p| p.get() > 1));
+    let recorded_by_the_table = permits_per_key.is_some_and(|permits| permits.get() > 1);
     for entry in journal
         .entries
         .iter()
-        .skip(skip)
+        .skip(usize::from(recorded_by_the_table))
         .filter(|entry| entry.event.is_input() || entry.event.is_note())
     {
         table.set_time(entry.at);

@@ -1,5 +1,7 @@
 use super::*;
 
+use std::num::NonZeroU32;
+
 /// Keys and deliveries are labels, so a failing assertion names the waiter it is about.
 type Table = LockTable<&'static str, &'static str>;
 
@@ -323,7 +325,10 @@ fn release_and_cancel_of_unknown_ids_are_refused_and_change_nothing() {
             Err(WaiterError::Unknown(unknown))
         );
         step(&table);
-        assert_eq!(table.cancel(unknown, &mut Vec::new()), Err(WaiterError::Unknown(unknown)));
+        assert_eq!(
+            table.cancel(unknown, &mut Vec::new()),
+            Err(WaiterError::Unknown(unknown))
+        );
         step(&table);
         assert_eq!(table.key_of(unknown), None);
         assert_eq!(table.delivery_of(unknown), None);
@@ -362,7 +367,10 @@ fn release_of_queued_waiter_is_not_holding_and_changes_nothing() {
 fn cancel_of_holder_is_not_waiting_and_changes_nothing() {
     let (mut table, holder, waiters) = held_with_waiters("a", &["w1"]);
     let before = table.stats();
-    assert_eq!(table.cancel(holder, &mut Vec::new()), Err(WaiterError::NotWaiting(holder)));
+    assert_eq!(
+        table.cancel(holder, &mut Vec::new()),
+        Err(WaiterError::NotWaiting(holder))
+    );
     step(&table);
     assert_eq!(table.stats(), before);
     assert_eq!(table.key_of(holder), Some(&"a"));
@@ -390,7 +398,10 @@ fn stale_id_never_aliases_a_later_acquirer() {
         Err(WaiterError::Unknown(stale))
     );
     step(&table);
-    assert_eq!(table.cancel(stale, &mut Vec::new()), Err(WaiterError::Unknown(stale)));
+    assert_eq!(
+        table.cancel(stale, &mut Vec::new()),
+        Err(WaiterError::Unknown(stale))
+    );
     step(&table);
     assert_eq!(table.key_of(stale), None);
     assert_eq!(table.stats(), before);
@@ -471,7 +482,10 @@ fn refused_calls_consume_no_fencing_token() {
     let (mut table, holder, waiters) = held_with_waiters("a", &["w1"]);
     assert_eq!(table.try_acquire("a"), Err(WouldBlock));
     step(&table);
-    assert_eq!(table.cancel(holder, &mut Vec::new()), Err(WaiterError::NotWaiting(holder)));
+    assert_eq!(
+        table.cancel(holder, &mut Vec::new()),
+        Err(WaiterError::NotWaiting(holder))
+    );
     step(&table);
     table.cancel(waiters[0], &mut Vec::new()).unwrap();
     step(&table);
@@ -853,4 +867,173 @@ fn shutdown_closes_waiters_in_order_of_arrival_across_keys() {
         .collect();
     assert_eq!(closed, expected);
     assert_eq!(table.stats().keys, 0);
+}
+
+// Permits: a key with several permits, shared and weighted requests.
+
+/// A table whose keys have `capacity` permits.
+fn table_with(capacity: u32) -> Table {
+    Table::with_capacity(NonZeroU32::new(capacity).expect("a capacity above 0"))
+}
+
+#[test]
+fn permits_outside_one_to_capacity_are_refused_before_reaching_the_table() {
+    let table = table_with(3);
+    assert_eq!(table.permits(3).map(Permits::get), Ok(3));
+    assert_eq!(table.all_permits().get(), 3);
+    for requested in [0, 4, u32::MAX] {
+        let refused = table.permits(requested).unwrap_err();
+        assert_eq!((refused.requested, refused.capacity), (requested, 3));
+    }
+}
+
+#[test]
+fn shared_holders_share_up_to_capacity_and_an_exclusive_waits_for_all_of_them() {
+    let mut table = table_with(2);
+    let one = table.permits(1).unwrap();
+    let first = granted(table.acquire_permits("k", one, "reader 1"));
+    let second = granted(table.acquire_permits("k", one, "reader 2"));
+    step(&table);
+    let stats = table.stats();
+    assert_eq!(
+        (stats.keys, stats.held, stats.holders, stats.permits),
+        (1, 1, 2, 2)
+    );
+    let writer = queued(table.acquire("k", "writer"));
+    step(&table);
+    let mut grants = Vec::new();
+    table.release(first.waiter_id, &mut grants).unwrap();
+    step(&table);
+    assert!(grants.is_empty(), "one reader still holds a permit");
+    table.release(second.waiter_id, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants.len(), 1);
+    assert_eq!(
+        (grants[0].waiter_id, grants[0].delivery),
+        (writer, "writer")
+    );
+    assert!(grants[0].fencing_token > second.fencing_token);
+}
+
+/// Ported from moby/locker's RWMutex tests: a task takes the shared lock twice and then asks
+/// for the exclusive lock; it stays blocked after the first shared release and proceeds after
+/// the second.
+#[test]
+fn exclusive_after_two_shared_holds_waits_for_both_releases() {
+    let mut table = table_with(2);
+    let one = table.permits(1).unwrap();
+    let shared = [
+        granted(table.acquire_permits("k", one, "r1")).waiter_id,
+        granted(table.acquire_permits("k", one, "r2")).waiter_id,
+    ];
+    let exclusive = queued(table.acquire("k", "w"));
+    let mut grants = Vec::new();
+    table.release(shared[0], &mut grants).unwrap();
+    step(&table);
+    assert!(
+        grants.is_empty(),
+        "still blocked after the first shared release"
+    );
+    table.release(shared[1], &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants[0].waiter_id, exclusive);
+}
+
+/// Ported from moby/locker: a shared request blocks while the exclusive lock is held.
+#[test]
+fn shared_request_waits_while_the_exclusive_lock_is_held() {
+    let mut table = table_with(4);
+    let one = table.permits(1).unwrap();
+    let writer = granted(table.acquire("k", "w")).waiter_id;
+    let reader = queued(table.acquire_permits("k", one, "r"));
+    assert_eq!(table.try_acquire_permits("k", one), Err(WouldBlock));
+    let mut grants = Vec::new();
+    table.release(writer, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants[0].waiter_id, reader);
+}
+
+#[test]
+fn a_queued_writer_holds_back_every_reader_that_arrives_after_it() {
+    let mut table = table_with(8);
+    let one = table.permits(1).unwrap();
+    let admitted = granted(table.acquire_permits("k", one, "early reader")).waiter_id;
+    let writer = queued(table.acquire("k", "writer"));
+    // Permits are free (7 of 8), but the writer came first.
+    let late: Vec<WaiterId> = (0..5)
+        .map(|_| queued(table.acquire_permits("k", one, "late reader")))
+        .collect();
+    assert_eq!(table.try_acquire_permits("k", one), Err(WouldBlock));
+    step(&table);
+    let mut grants = Vec::new();
+    table.release(admitted, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants.len(), 1, "only the writer");
+    assert_eq!(grants[0].waiter_id, writer);
+    grants.clear();
+    table.release(writer, &mut grants).unwrap();
+    step(&table);
+    let granted_ids: Vec<WaiterId> = grants.iter().map(|grant| grant.waiter_id).collect();
+    assert_eq!(
+        granted_ids, late,
+        "then every late reader at once, in order"
+    );
+}
+
+#[test]
+fn a_big_request_is_not_overtaken_and_its_cancel_lets_the_smaller_ones_through() {
+    let mut table = table_with(3);
+    let (one, three) = (table.permits(1).unwrap(), table.permits(3).unwrap());
+    let holder = granted(table.acquire_permits("k", one, "holder")).waiter_id;
+    let big = queued(table.acquire_permits("k", three, "big"));
+    let small = [
+        queued(table.acquire_permits("k", one, "small 1")),
+        queued(table.acquire_permits("k", one, "small 2")),
+    ];
+    step(&table);
+    assert_eq!(
+        table.stats().permits,
+        1,
+        "two permits free, yet nobody overtakes the big one"
+    );
+    let mut grants = Vec::new();
+    let (key, delivery) = table.cancel(big, &mut grants).unwrap();
+    step(&table);
+    assert_eq!((key, delivery), ("k", "big"));
+    let granted_ids: Vec<WaiterId> = grants.iter().map(|grant| grant.waiter_id).collect();
+    assert_eq!(
+        granted_ids, small,
+        "the cancel grants what now fits, in order"
+    );
+    assert_eq!(table.stats().permits, 3);
+    grants.clear();
+    for id in [holder, small[0], small[1]] {
+        table.release(id, &mut grants).unwrap();
+        step(&table);
+    }
+    assert_eq!(table.stats().keys, 0);
+}
+
+#[test]
+fn releases_grant_the_front_while_it_fits_and_stop_at_the_first_that_does_not() {
+    let mut table = table_with(3);
+    let (one, two) = (table.permits(1).unwrap(), table.permits(2).unwrap());
+    let exclusive = granted(table.acquire("k", "x")).waiter_id;
+    let queued_ids = [
+        queued(table.acquire_permits("k", one, "a")),
+        queued(table.acquire_permits("k", one, "b")),
+        queued(table.acquire_permits("k", two, "c")),
+        queued(table.acquire_permits("k", one, "d")),
+    ];
+    let mut grants = Vec::new();
+    table.release(exclusive, &mut grants).unwrap();
+    step(&table);
+    let granted_ids: Vec<WaiterId> = grants.iter().map(|grant| grant.waiter_id).collect();
+    assert_eq!(
+        granted_ids,
+        queued_ids[..2],
+        "c needs 2 of the 1 left; d waits behind it"
+    );
+    let tokens: Vec<u64> = grants.iter().map(|grant| grant.fencing_token).collect();
+    assert!(tokens.windows(2).all(|pair| pair[0] < pair[1]));
 }

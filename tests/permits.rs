@@ -1,0 +1,255 @@
+//! Keys with several permits: shared locks, permit guards and exclusive locks share a key in
+//! strict FIFO, never more permits are held than a key has, and every cancel-safety promise
+//! holds in every mode, in both execution modes and with shards.
+
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures::future::join_all;
+use keyed_locks::{Execution, LockRegistry, PermitsError, TryPermitsError};
+use tokio::time::timeout;
+use tokio_test::{assert_pending, task};
+
+/// Generous: two cores, shared with the rest of the suite.
+const BOUND: Duration = Duration::from_secs(60);
+
+fn capacity(permits: u32) -> NonZeroU32 {
+    NonZeroU32::new(permits).expect("a capacity above 0")
+}
+
+/// Every execution mode, with one shard and with three.
+fn registries(permits: u32) -> Vec<LockRegistry<u32>> {
+    let mut registries = Vec::new();
+    for execution in [Execution::RunOnCaller, Execution::ActorTask] {
+        for shards in [1, 3] {
+            registries.push(
+                LockRegistry::builder()
+                    .capacity(capacity(permits))
+                    .execution(execution)
+                    .shards(NonZeroUsize::new(shards).expect("shards above 0"))
+                    .spawn(),
+            );
+        }
+    }
+    registries
+}
+
+#[tokio::test]
+async fn permits_out_of_range_are_refused_and_change_nothing() {
+    let registry = LockRegistry::builder().capacity(capacity(3)).spawn();
+    for requested in [0, 4] {
+        assert_eq!(
+            registry.acquire("k", requested).await.unwrap_err(),
+            PermitsError::OutOfRange {
+                requested,
+                capacity: 3
+            }
+        );
+        assert_eq!(
+            registry.try_acquire("k", requested).await.unwrap_err(),
+            TryPermitsError::OutOfRange {
+                requested,
+                capacity: 3
+            }
+        );
+    }
+    let stats = registry.stats().await.unwrap();
+    assert_eq!((stats.keys, stats.grants), (0, 0));
+    let error = registry.acquire("k", 9).await.unwrap_err().to_string();
+    assert!(error.contains("9") && error.contains("3"), "{error}");
+}
+
+#[tokio::test]
+async fn with_one_permit_per_key_a_shared_lock_is_exclusive() {
+    let registry = LockRegistry::spawn();
+    let reader = registry.lock_shared("k").await.unwrap();
+    assert!(registry.try_lock_shared("k").await.is_err());
+    assert!(registry.try_lock("k").await.is_err());
+    drop(reader);
+    assert!(registry.try_lock("k").await.is_ok());
+}
+
+/// Ported from moby/locker's RWMutex test: one task takes the shared lock twice, then asks for
+/// the exclusive lock, which stays blocked after the first shared release and goes through
+/// after the second.
+#[tokio::test]
+async fn exclusive_after_two_shared_holds_waits_for_both_releases_in_every_mode() {
+    for registry in registries(2) {
+        let first = registry.lock_shared(1).await.unwrap();
+        let second = registry.lock_shared(1).await.unwrap();
+        let mut exclusive = task::spawn(registry.lock(1));
+        assert_pending!(exclusive.poll());
+        drop(first);
+        registry.stats().await.unwrap();
+        assert_pending!(exclusive.poll(), "blocked after the first shared release");
+        drop(second);
+        let guard = timeout(BOUND, exclusive).await.unwrap().unwrap();
+        assert_eq!(registry.stats().await.unwrap().holders, 1);
+        drop(guard);
+        assert_eq!(registry.stats().await.unwrap().keys, 0);
+    }
+}
+
+/// Ported from moby/locker: 10,001 tasks each take the exclusive lock and then the shared lock
+/// of one key, and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_and_one_tasks_exclusive_then_shared_leave_no_entry() {
+    let registry = LockRegistry::builder().capacity(capacity(4)).spawn();
+    let inside = Arc::new(AtomicBool::new(false));
+    let tasks = (0..10_001).map(|_| {
+        let (registry, inside) = (registry.clone(), Arc::clone(&inside));
+        tokio::spawn(async move {
+            let writer = registry.lock("k").await.unwrap();
+            assert!(
+                !inside.swap(true, Ordering::SeqCst),
+                "two exclusive holders"
+            );
+            tokio::task::yield_now().await;
+            inside.store(false, Ordering::SeqCst);
+            drop(writer);
+            let reader = registry.lock_shared("k").await.unwrap();
+            assert!(!inside.load(Ordering::SeqCst), "a reader beside a writer");
+            drop(reader);
+        })
+    });
+    for outcome in timeout(BOUND, join_all(tasks)).await.unwrap() {
+        outcome.unwrap();
+    }
+    let stats = registry.stats().await.unwrap();
+    assert_eq!((stats.keys, stats.holders, stats.permits), (0, 0, 0));
+}
+
+/// A steady stream of readers cannot hold off a queued writer beyond the readers already
+/// admitted: every reader that asks after the writer is granted after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_readers_cannot_starve_a_queued_writer() {
+    for registry in registries(16) {
+        let admitted: Vec<_> = join_all((0..4).map(|_| registry.lock_shared(7)))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let writer_done = Arc::new(AtomicBool::new(false));
+        let writer = tokio::spawn({
+            let (registry, writer_done) = (registry.clone(), Arc::clone(&writer_done));
+            async move {
+                let guard = registry.lock(7).await.unwrap();
+                writer_done.store(true, Ordering::SeqCst);
+                guard.fencing_token()
+            }
+        });
+        while registry.stats().await.unwrap().waiting == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Readers keep coming while the writer waits; all of them must come after it.
+        let late_readers: Vec<_> = (0..50)
+            .map(|_| {
+                let (registry, writer_done) = (registry.clone(), Arc::clone(&writer_done));
+                tokio::spawn(async move {
+                    let reader = registry.lock_shared(7).await.unwrap();
+                    assert!(
+                        writer_done.load(Ordering::SeqCst),
+                        "a late reader went first"
+                    );
+                    reader.fencing_token()
+                })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        drop(admitted);
+        let writer_token = timeout(BOUND, writer).await.unwrap().unwrap();
+        for reader in late_readers {
+            let token = timeout(BOUND, reader).await.unwrap().unwrap();
+            assert!(token > writer_token);
+        }
+        assert_eq!(registry.stats().await.unwrap().keys, 0);
+    }
+}
+
+/// Many tasks ask for random numbers of permits of a few keys: never more than the capacity
+/// is in use on any key, and everything ends released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_permits_in_use_than_a_key_has() {
+    const CAPACITY: u32 = 5;
+    for registry in registries(CAPACITY) {
+        let in_use: Arc<[AtomicU32; 3]> = Arc::new(Default::default());
+        let tasks = (0..300u32).map(|task| {
+            let (registry, in_use) = (registry.clone(), Arc::clone(&in_use));
+            tokio::spawn(async move {
+                let key = task % 3;
+                let permits = 1 + task * 7 % CAPACITY;
+                let guard = registry.acquire(key, permits).await.unwrap();
+                let now = in_use[key as usize].fetch_add(permits, Ordering::SeqCst) + permits;
+                assert!(now <= CAPACITY, "{now} permits of key {key} in use");
+                tokio::task::yield_now().await;
+                in_use[key as usize].fetch_sub(permits, Ordering::SeqCst);
+                drop(guard);
+            })
+        });
+        for outcome in timeout(BOUND, join_all(tasks)).await.unwrap() {
+            outcome.unwrap();
+        }
+        let stats = registry.stats().await.unwrap();
+        assert_eq!((stats.keys, stats.permits), (0, 0));
+    }
+}
+
+#[tokio::test]
+async fn a_big_request_is_not_overtaken_and_giving_up_lets_the_smaller_ones_through() {
+    for registry in registries(3) {
+        let holder = registry.acquire(1, 1).await.unwrap();
+        let mut big = task::spawn(registry.acquire(1, 3));
+        assert_pending!(big.poll());
+        let mut small = task::spawn(registry.acquire(1, 1));
+        assert_pending!(
+            small.poll(),
+            "two permits are free, but the big request came first"
+        );
+        drop(big);
+        let small = timeout(BOUND, small).await.unwrap().unwrap();
+        assert_eq!(registry.stats().await.unwrap().permits, 2);
+        drop((holder, small));
+        assert_eq!(registry.stats().await.unwrap().keys, 0);
+    }
+}
+
+/// Timeouts at every moment on every kind of request, in every mode: nothing is left, and no
+/// key is stuck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_on_every_kind_of_request_leave_no_entry() {
+    for registry in registries(3) {
+        let tasks = (0..600u32).map(|task| {
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                let key = task % 4;
+                let patience = Duration::from_micros(u64::from(task % 7) * 50);
+                let guard = match task % 3 {
+                    0 => timeout(patience, registry.lock(key))
+                        .await
+                        .map(Result::unwrap),
+                    1 => timeout(patience, registry.lock_shared(key))
+                        .await
+                        .map(Result::unwrap),
+                    _ => timeout(patience, registry.acquire(key, 1 + task % 3))
+                        .await
+                        .map(Result::unwrap),
+                };
+                if let Ok(guard) = guard {
+                    tokio::task::yield_now().await;
+                    drop(guard);
+                }
+            })
+        });
+        for outcome in timeout(BOUND, join_all(tasks)).await.unwrap() {
+            outcome.unwrap();
+        }
+        let stats = registry.stats().await.unwrap();
+        assert_eq!((stats.keys, stats.holders, stats.waiting), (0, 0, 0));
+        // Not stuck: every key can be taken exclusively at once.
+        for key in 0..4 {
+            drop(registry.try_lock(key).await.unwrap());
+        }
+    }
+}
