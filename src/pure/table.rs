@@ -29,9 +29,9 @@
 //! 1. **No orphan entry, no orphan record.** An entry exists for key `k` exactly when at least
 //!    one record (holding or waiting) refers to `k`: the entry is removed in the same step
 //!    that its reference count drops to zero.
-//! 2. **Reference count.** `entry.holders` is the number of holding records of `k` and
-//!    `entry.waiters` the number of waiting records of `k`; their sum is the entry's reference
-//!    count (the seed's counter).
+//! 2. **Reference count.** `entry.waiters` is the number of waiting records of `k`, and
+//!    `entry.permits` is above zero exactly when `k` has holding records (each holds at least
+//!    one permit); holders plus waiters is the entry's reference count (the seed's counter).
 //! 3. **Permits.** `entry.permits` is the sum of the permits its holders hold, and at most
 //!    the table's capacity. An exclusive acquirer takes every permit, so it holds its key
 //!    alone (mutual exclusion); with one permit per key, every acquirer is exclusive.
@@ -46,8 +46,10 @@
 //! 7. **Counters.** `held_keys` is the number of entries with a holder, `holders` the number
 //!    of holding records, `permits_in_use` the sum of their permits, and `waiting` the number
 //!    of waiting records.
-//! 8. **Fencing.** Every holder's token is below `next_fencing_token`, and tokens are handed
-//!    out in strictly increasing order starting at 1.
+//! 8. **Fencing.** Tokens are handed out in strictly increasing order starting at 1, one per
+//!    grant (only `next_token` hands them out), so at least one token was handed out per
+//!    holder. A holder's record does not keep its token: the grant carried it to the holder,
+//!    and a record without it is 8 bytes smaller.
 //! 9. **Records.** The record store keeps its own invariants (`table/records.rs`): its memory
 //!    follows the live records, not the number of arrivals.
 
@@ -112,7 +114,7 @@ pub struct LockTable<K, D> {
     /// Keyed with foldhash rather than std's SipHash: every step hashes, and SipHash trades
     /// speed for resistance to chosen keys (`docs/performance-log.md` has the profile that
     /// led to the switch).
-    entries: HashMap<K, Entry, foldhash::fast::RandomState>,
+    entries: EntryMap<K>,
     records: Records<Record<K, D>>,
     next_fencing_token: u64,
     /// Permits per key: an exclusive acquirer takes them all (invariant 3).
@@ -125,6 +127,19 @@ pub struct LockTable<K, D> {
     permits_in_use: usize,
     /// Waiting records (invariant 7).
     waiting: usize,
+}
+
+type EntryMap<K> = HashMap<K, Entry, foldhash::fast::RandomState>;
+
+/// The table's fields other than the entry map, borrowed while one entry is changed.
+struct Counters<'a, K, D> {
+    capacity: NonZeroU32,
+    records: &'a mut Records<Record<K, D>>,
+    next_fencing_token: &'a mut u64,
+    held_keys: &'a mut usize,
+    holders: &'a mut usize,
+    permits_in_use: &'a mut usize,
+    waiting: &'a mut usize,
 }
 
 /// How many of a key's permits one acquirer asks for: between 1 and the table's capacity.
@@ -164,11 +179,13 @@ impl std::error::Error for PermitsOutOfRange {}
 
 /// One key's state.
 #[derive(Debug, Default)]
+///
+/// 16 bytes: the number of holders is not kept, since every holder holds at least one
+/// permit, so `permits > 0` says whether the key is held.
 struct Entry {
-    /// Waiters in order of arrival, plus tombstones of cancelled ones (invariant 4).
+    /// Waiters in order of arrival with the permits each asks for, plus tombstones of
+    /// cancelled ones (invariant 4).
     queue: WaiterQueue,
-    /// Holding records of this key (invariant 2).
-    holders: u32,
     /// Waiting records of this key (invariant 2).
     waiters: u32,
     /// Permits its holders hold: at most the table's capacity (invariant 3).
@@ -176,8 +193,9 @@ struct Entry {
 }
 
 impl Entry {
-    fn holders_and_waiters(&self) -> u32 {
-        self.holders + self.waiters
+    /// Nobody holds or waits for the key: its entry must go (invariant 1).
+    fn is_unused(&self) -> bool {
+        self.permits == 0 && self.waiters == 0
     }
 }
 
@@ -189,18 +207,27 @@ impl Entry {
 #[derive(Debug, Default)]
 // The extra allocation clippy warns of is the point: 8 bytes inline instead of 32.
 #[allow(clippy::box_collection)]
-struct WaiterQueue(Option<Box<VecDeque<WaiterId>>>);
+struct WaiterQueue(Option<Box<VecDeque<Queued>>>);
+
+/// A queued waiter and the permits it asks for. The permits live here rather than in the
+/// waiter's record, so that a holder's record stays as small as it was with exclusive locks
+/// only.
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    waiter_id: WaiterId,
+    permits: Permits,
+}
 
 impl WaiterQueue {
-    fn push_back(&mut self, waiter_id: WaiterId) {
-        self.0.get_or_insert_default().push_back(waiter_id);
+    fn push_back(&mut self, queued: Queued) {
+        self.0.get_or_insert_default().push_back(queued);
     }
 
-    fn pop_front(&mut self) -> Option<WaiterId> {
+    fn pop_front(&mut self) -> Option<Queued> {
         self.0.as_mut()?.pop_front()
     }
 
-    fn front(&self) -> Option<&WaiterId> {
+    fn front(&self) -> Option<&Queued> {
         self.0.as_ref()?.front()
     }
 
@@ -208,11 +235,11 @@ impl WaiterQueue {
         self.0.as_ref().map_or(0, |queue| queue.len())
     }
 
-    fn iter(&self) -> impl Iterator<Item = &WaiterId> {
+    fn iter(&self) -> impl Iterator<Item = &Queued> {
         self.0.iter().flat_map(|queue| queue.iter())
     }
 
-    fn retain(&mut self, keep: impl FnMut(&WaiterId) -> bool) {
+    fn retain(&mut self, keep: impl FnMut(&Queued) -> bool) {
         if let Some(queue) = &mut self.0 {
             queue.retain(keep);
         }
@@ -222,14 +249,14 @@ impl WaiterQueue {
 /// One acquirer.
 struct Record<K, D> {
     key: K,
-    /// The permits it asked for, held once granted.
-    permits: Permits,
     state: RecordState<D>,
 }
 
 enum RecordState<D> {
+    /// Queued; the permits it asks for are in the queue.
     Waiting(D),
-    Holding { fencing_token: u64 },
+    /// Holds `permits` of its key's permits.
+    Holding { permits: Permits },
 }
 
 /// A waiter that became the holder of its key.
@@ -342,6 +369,23 @@ where
         }
     }
 
+    /// The entry map apart from everything else, so that one entry can be changed together
+    /// with the records and counters.
+    fn split(&mut self) -> (&mut EntryMap<K>, Counters<'_, K, D>) {
+        (
+            &mut self.entries,
+            Counters {
+                capacity: self.capacity,
+                records: &mut self.records,
+                next_fencing_token: &mut self.next_fencing_token,
+                held_keys: &mut self.held_keys,
+                holders: &mut self.holders,
+                permits_in_use: &mut self.permits_in_use,
+                waiting: &mut self.waiting,
+            },
+        )
+    }
+
     /// The permits each key has.
     pub fn capacity(&self) -> NonZeroU32 {
         self.capacity
@@ -400,11 +444,10 @@ where
                 }
                 let waiter_id = self.records.insert(Record {
                     key: occupied.key().clone(),
-                    permits,
                     state: RecordState::Waiting(delivery),
                 });
                 let entry = occupied.get_mut();
-                entry.queue.push_back(waiter_id);
+                entry.queue.push_back(Queued { waiter_id, permits });
                 entry.waiters += 1;
                 self.waiting += 1;
                 Acquired::Queued(waiter_id)
@@ -494,23 +537,35 @@ where
             }) => return Err(WaiterError::NotHolding(waiter_id)),
             Some(_) => {}
         }
-        let Some(record) = self.records.remove(waiter_id) else {
+        let Some(Record {
+            key,
+            state: RecordState::Holding { permits, .. },
+        }) = self.records.remove(waiter_id)
+        else {
             return Err(WaiterError::Unknown(waiter_id));
         };
-        let Some(entry) = self.entries.get_mut(&record.key) else {
+        let (entries, mut counters) = self.split();
+        let Some(entry) = entries.get_mut(&key) else {
             // Unreachable while invariant 1 holds; refusing beats panicking.
             debug_assert!(false, "invariant 1: holder without entry");
             return Err(WaiterError::Unknown(waiter_id));
         };
-        entry.holders -= 1;
-        entry.permits -= record.permits.get();
-        self.holders -= 1;
-        self.permits_in_use -= record.permits.get() as usize;
-        if entry.holders == 0 {
-            self.held_keys -= 1;
+        entry.permits -= permits.get();
+        *counters.holders -= 1;
+        *counters.permits_in_use -= permits.get() as usize;
+        if entry.permits == 0 {
+            *counters.held_keys -= 1;
         }
-        self.grant_fitting(&record.key, granted);
-        Ok(record.key)
+        // Most releases leave nobody waiting: skip the grant loop then.
+        let unused = if entry.waiters == 0 {
+            entry.permits == 0
+        } else {
+            Self::grant_fitting(entry, &mut counters, granted)
+        };
+        if unused {
+            entries.remove(&key);
+        }
+        Ok(key)
     }
 
     /// Withdraws `waiter_id` from its key's queue and returns its key and delivery.
@@ -548,45 +603,45 @@ where
             return Err(WaiterError::Unknown(waiter_id));
         };
         self.waiting -= 1;
-        if let Some(entry) = self.entries.get_mut(&key) {
+        let (entries, mut counters) = self.split();
+        if let Some(entry) = entries.get_mut(&key) {
             entry.waiters -= 1;
+            if Self::grant_fitting(entry, &mut counters, granted) {
+                entries.remove(&key);
+            }
         } else {
             debug_assert!(false, "invariant 1: waiter without entry");
         }
-        self.grant_fitting(&key, granted);
         Ok((key, delivery))
     }
 
-    /// After a release or a cancel on `key`: grants the waiters at the front of its queue that
-    /// fit, in order, stopping at the first that does not (FIFO, invariant 5); then compacts
-    /// the queue (invariant 6) and removes the entry if nobody holds or waits (invariant 1).
-    fn grant_fitting(&mut self, key: &K, granted: &mut Vec<Grant<D>>) {
-        let Some(entry) = self.entries.get_mut(key) else {
-            return;
-        };
-        let was_held = entry.holders > 0;
-        while let Some(grant) = grant_next(
+    /// After a release or a cancel on `key`, whose entry is `entry`: grants the waiters at the
+    /// front of its queue that fit, in order, stopping at the first that does not (FIFO,
+    /// invariant 5); then compacts the queue (invariant 6). Returns whether the entry is left
+    /// with nobody, for the caller to remove it in the same step (invariant 1). Takes the
+    /// table's fields rather than `self`, so that the caller keeps its one lookup of the entry.
+    fn grant_fitting(
+        entry: &mut Entry,
+        counters: &mut Counters<'_, K, D>,
+        granted: &mut Vec<Grant<D>>,
+    ) -> bool {
+        let was_held = entry.permits > 0;
+        while let Some((grant, permits)) = grant_next(
             entry,
-            self.capacity,
-            &mut self.records,
-            &mut self.next_fencing_token,
+            counters.capacity,
+            counters.records,
+            counters.next_fencing_token,
         ) {
-            self.waiting -= 1;
-            self.holders += 1;
-            self.permits_in_use += self
-                .records
-                .get(grant.waiter_id)
-                .map_or(0, |record| record.permits.get() as usize);
+            *counters.waiting -= 1;
+            *counters.holders += 1;
+            *counters.permits_in_use += permits.get() as usize;
             granted.push(grant);
         }
-        if !was_held && entry.holders > 0 {
-            self.held_keys += 1;
+        if !was_held && entry.permits > 0 {
+            *counters.held_keys += 1;
         }
-        compact_queue(entry, &self.records);
-        // Invariant 1: the entry goes in the same step as its last holder or waiter.
-        if entry.holders_and_waiters() == 0 {
-            self.entries.remove(key);
-        }
+        compact_queue(entry, counters.records);
+        entry.is_unused()
     }
 
     /// Empties the table: every waiter is withdrawn and returned with its delivery, in order of
@@ -667,15 +722,9 @@ where
                 return broken(1, format!("record {waiter_id:?} has no entry"));
             }
             match record.state {
-                RecordState::Holding { fencing_token } => {
+                RecordState::Holding { permits } => {
                     *holding_of.entry(&record.key).or_default() += 1;
-                    *permits_of.entry(&record.key).or_default() += record.permits.get();
-                    if fencing_token == 0 || fencing_token >= self.next_fencing_token {
-                        return broken(
-                            8,
-                            format!("holder {waiter_id:?} has token {fencing_token}"),
-                        );
-                    }
+                    *permits_of.entry(&record.key).or_default() += permits.get();
                 }
                 RecordState::Waiting(_) => *waiting_of.entry(&record.key).or_default() += 1,
             }
@@ -687,12 +736,12 @@ where
             if holders + waiters == 0 {
                 return broken(1, "an entry with no holder and no waiter".into());
             }
-            if entry.holders != holders || entry.waiters != waiters {
+            if entry.waiters != waiters {
                 return broken(
                     2,
                     format!(
-                        "entry counts {}+{} but records say {holders}+{waiters}",
-                        entry.holders, entry.waiters
+                        "entry counts {} waiters but records say {waiters}",
+                        entry.waiters
                     ),
                 );
             }
@@ -707,7 +756,7 @@ where
                 );
             }
             let mut live_in_queue = 0;
-            for id in entry.queue.iter() {
+            for Queued { waiter_id: id, .. } in entry.queue.iter() {
                 if let Some(record) = self.records.get(*id)
                     && matches!(record.state, RecordState::Waiting(_))
                 {
@@ -723,7 +772,10 @@ where
                     format!("{live_in_queue} live ids queued for {waiters} waiters"),
                 );
             }
-            let first_waiter = entry.queue.iter().find_map(|id| self.records.get(*id));
+            let first_waiter = entry
+                .queue
+                .iter()
+                .find(|queued| self.records.contains(queued.waiter_id));
             if let Some(first) = first_waiter
                 && fits(entry, first.permits, self.capacity)
             {
@@ -746,10 +798,19 @@ where
                     ),
                 );
             }
-            held_keys += usize::from(entry.holders > 0);
-            holders_total += entry.holders as usize;
+            held_keys += usize::from(entry.permits > 0);
+            holders_total += holders as usize;
             permits_total += entry.permits as usize;
             waiting += entry.waiters as usize;
+        }
+        if self.next_fencing_token <= holders_total as u64 {
+            return broken(
+                8,
+                format!(
+                    "{holders_total} holders but only {} tokens handed out",
+                    self.next_fencing_token - 1
+                ),
+            );
         }
         let counted = (held_keys, holders_total, permits_total, waiting);
         let kept = (
@@ -789,10 +850,8 @@ fn hold<K, D>(
     let fencing_token = next_token(next_fencing_token);
     let waiter_id = records.insert(Record {
         key,
-        permits,
-        state: RecordState::Holding { fencing_token },
+        state: RecordState::Holding { permits },
     });
-    entry.holders += 1;
     entry.permits += permits.get();
     (waiter_id, fencing_token)
 }
@@ -801,7 +860,7 @@ fn hold<K, D>(
 /// than the slack (invariant 6). Amortized O(1) per cancel or grant.
 fn compact_queue<K, D>(entry: &mut Entry, records: &Records<Record<K, D>>) {
     if entry.queue.len() > 2 * entry.waiters as usize + TOMBSTONE_SLACK {
-        entry.queue.retain(|id| records.contains(*id));
+        entry.queue.retain(|queued| records.contains(queued.waiter_id));
     }
 }
 
@@ -812,33 +871,33 @@ fn grant_next<K, D>(
     capacity: NonZeroU32,
     records: &mut Records<Record<K, D>>,
     next_fencing_token: &mut u64,
-) -> Option<Grant<D>> {
-    while let Some(&waiter_id) = entry.queue.front() {
+) -> Option<(Grant<D>, Permits)> {
+    while let Some(&Queued { waiter_id, permits }) = entry.queue.front() {
         // A tombstone (cancelled waiter) has no record any more: skip it (invariant 4).
         let Some(record) = records.get_mut(waiter_id) else {
             entry.queue.pop_front();
             continue;
         };
-        if !fits(entry, record.permits, capacity) {
+        if !fits(entry, permits, capacity) {
             return None;
         }
         entry.queue.pop_front();
         let fencing_token = next_token(next_fencing_token);
-        let RecordState::Waiting(delivery) =
-            std::mem::replace(&mut record.state, RecordState::Holding { fencing_token })
+        let holding = RecordState::Holding { permits };
+        let RecordState::Waiting(delivery) = std::mem::replace(&mut record.state, holding)
         else {
             // Invariant 4 says queued live ids are waiting; a holder here would be a bug.
             debug_assert!(false, "invariant 4: a holder in the queue");
             continue;
         };
         entry.waiters -= 1;
-        entry.holders += 1;
-        entry.permits += record.permits.get();
-        return Some(Grant {
+        entry.permits += permits.get();
+        let grant = Grant {
             waiter_id,
             fencing_token,
             delivery,
-        });
+        };
+        return Some((grant, permits));
     }
     None
 }
