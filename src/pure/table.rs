@@ -860,7 +860,9 @@ fn hold<K, D>(
 /// than the slack (invariant 6). Amortized O(1) per cancel or grant.
 fn compact_queue<K, D>(entry: &mut Entry, records: &Records<Record<K, D>>) {
     if entry.queue.len() > 2 * entry.waiters as usize + TOMBSTONE_SLACK {
-        entry.queue.retain(|queued| records.contains(queued.waiter_id));
+        entry
+            .queue
+            .retain(|queued| records.contains(queued.waiter_id));
     }
 }
 
@@ -884,8 +886,7 @@ fn grant_next<K, D>(
         entry.queue.pop_front();
         let fencing_token = next_token(next_fencing_token);
         let holding = RecordState::Holding { permits };
-        let RecordState::Waiting(delivery) = std::mem::replace(&mut record.state, holding)
-        else {
+        let RecordState::Waiting(delivery) = std::mem::replace(&mut record.state, holding) else {
             // Invariant 4 says queued live ids are waiting; a holder here would be a bug.
             debug_assert!(false, "invariant 4: a holder in the queue");
             continue;
