@@ -1,5 +1,7 @@
 //! The lock table grants exactly what the reference model of its rules grants, and keeps
-//! every rule after every step of random scripts: mutual exclusion, FIFO per key, reference
+//! every rule after every step of random scripts: mutual exclusion of exclusive requests,
+//! never more permits held than a key has, strict FIFO per key (a big request at the front is
+//! not overtaken, and its cancel lets through the ones behind it that now fit), reference
 //! count = holders + waiters, no entry without a holder or a waiter, strictly increasing
 //! fencing tokens, liveness (once holders release, every waiter that was not cancelled or
 //! closed is granted), shutdown closing waiters in order of arrival, and refusals of releases
@@ -7,27 +9,30 @@
 //!
 //! # How it checks
 //!
-//! proptest generates scripts over 2 or 3 keys and at most [`MAX_LIVE_ACQUIRERS`] acquirers at
-//! a time: acquire, try_acquire, cancel of a random live acquirer (still queued, or already
-//! granted: in the registry a cancel can arrive after its grant), release of a random holder,
+//! proptest generates a capacity (1, 2 or 3 permits per key) and scripts over 2 or 3 keys and
+//! at most [`MAX_LIVE_ACQUIRERS`] acquirers at a time: acquire (exclusive), acquire_permits
+//! of 1 (a shared lock) up to the capacity, try_acquire, try_acquire_permits, cancel of a
+//! random live acquirer (still queued, or already granted: in the registry a cancel can
+//! arrive after its grant), cancel of a random queued waiter, release of a random holder,
 //! release of a waiter still queued, release and cancel of a waiter that is gone, and
 //! shutdown. Each step is a call on the [`ReferenceModel`], which picks the waiter the step is
 //! about and writes the journal a correct table records for it. After the script every holder
 //! is released, again and again, until none is left; then each key is taken with
-//! `try_acquire` and released, so that a leaked entry changes an output (a would-block instead
-//! of a grant), not just the state. [`check_the_table_against`] then replays that journal on
-//! the real table and compares every event, and checks the table's state after every call
-//! (see `reference_model`).
+//! `try_acquire` (every permit) and released, so that a leaked entry or permit changes an
+//! output (a would-block instead of a grant), not just the state. [`check_the_table_against`]
+//! then replays that journal on the real table and compares every event, and checks the
+//! table's state after every call (see `reference_model`).
 //!
 //! # When it fails
 //!
 //! proptest shrinks the script; then the test panics with the seed, the minimal script and the
 //! failure, and writes `tests/replays/failing-<seed>.trace`: the minimal script's calls with
-//! the outputs the *model* expects, in the trace format. So under the broken table,
-//! `cargo test --test main replay_regressions` fails on that file at the first wrong output,
-//! and once the table is fixed it passes: fix the bug, rename the file after what it shows,
-//! add a `#` line saying what went wrong, and commit it; it is replayed for ever after. To run
-//! the same cases again: `PROPTEST_RNG_SEED=<seed> cargo test --test main table_model`.
+//! the outputs the *model* expects, in the trace format (its capacity first, if not 1). So
+//! under the broken table, `cargo test --test main replay_regressions` fails on that file at
+//! the first wrong output, and once the table is fixed it passes: fix the bug, rename the file
+//! after what it shows, add a `#` line saying what went wrong, and commit it; it is replayed
+//! for ever after. To run the same cases again:
+//! `PROPTEST_RNG_SEED=<seed> cargo test --test main table_model`.
 
 use std::collections::hash_map::RandomState;
 use std::fmt::Write as _;
@@ -35,13 +40,14 @@ use std::hash::BuildHasher;
 use std::path::PathBuf;
 
 use keyed_locks::journal::{Journal, JournalEvent, Refusal};
+use keyed_locks::table::WaiterId;
 use keyed_locks::trace::{IntegerKeys, write_trace};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
 
 use crate::reference_model::{ReferenceModel, check_the_table_against, trace_lines};
 
-/// "A handful of waiters": an acquire or try_acquire that would exceed this does nothing.
+/// "A handful of waiters": an acquire or try-acquire that would exceed this does nothing.
 /// Few acquirers on few keys make long queues, cancels and grants collide often.
 const MAX_LIVE_ACQUIRERS: usize = 6;
 
@@ -50,14 +56,29 @@ const MAX_LIVE_ACQUIRERS: usize = 6;
 /// well; a step with nobody to name does nothing.
 #[derive(Debug, Clone, Copy)]
 enum Op {
+    /// Asks for every permit of `key`: an exclusive lock.
     Acquire {
         key: u64,
+    },
+    /// Asks for `permits` of `key`'s permits, between 1 (a shared lock) and the capacity.
+    AcquirePermits {
+        key: u64,
+        permits: u32,
     },
     TryAcquire {
         key: u64,
     },
+    TryAcquirePermits {
+        key: u64,
+        permits: u32,
+    },
     /// Cancels a live acquirer: a queued one is withdrawn, a holder is refused.
     Cancel {
+        pick: usize,
+    },
+    /// Cancels a queued waiter, so that a cancel at the front of a queue, which lets the
+    /// requests behind it through, comes often.
+    CancelQueued {
         pick: usize,
     },
     /// Releases a holder.
@@ -76,11 +97,16 @@ enum Op {
     Shutdown,
 }
 
-fn op(keys: u64) -> impl Strategy<Value = Op> {
+/// A step over `keys` keys of `capacity` permits each.
+fn op(keys: u64, capacity: u32) -> impl Strategy<Value = Op> {
     prop_oneof![
-        5 => (0..keys).prop_map(|key| Op::Acquire { key }),
-        2 => (0..keys).prop_map(|key| Op::TryAcquire { key }),
-        3 => (0..8usize).prop_map(|pick| Op::Cancel { pick }),
+        3 => (0..keys).prop_map(|key| Op::Acquire { key }),
+        4 => (0..keys, 1..=capacity).prop_map(|(key, permits)| Op::AcquirePermits { key, permits }),
+        1 => (0..keys).prop_map(|key| Op::TryAcquire { key }),
+        1 => (0..keys, 1..=capacity)
+            .prop_map(|(key, permits)| Op::TryAcquirePermits { key, permits }),
+        2 => (0..8usize).prop_map(|pick| Op::Cancel { pick }),
+        2 => (0..8usize).prop_map(|pick| Op::CancelQueued { pick }),
         4 => (0..8usize).prop_map(|pick| Op::Release { pick }),
         1 => (0..8usize).prop_map(|pick| Op::ReleaseQueued { pick }),
         1 => (0..8usize).prop_map(|pick| Op::ReleaseAndCancelGone { pick }),
@@ -88,9 +114,21 @@ fn op(keys: u64) -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A number of keys (2 or 3) and a script over them.
-fn keys_and_script() -> impl Strategy<Value = (u64, Vec<Op>)> {
-    (2u64..=3).prop_flat_map(|keys| (Just(keys), prop::collection::vec(op(keys), 1..60)))
+/// What a script runs on: the permits of each key, and how many keys.
+#[derive(Debug, Clone, Copy)]
+struct Setting {
+    capacity: u32,
+    keys: u64,
+}
+
+/// A capacity (1, 2 or 3), a number of keys (2 or 3) and a script over them.
+fn setting_and_script() -> impl Strategy<Value = (Setting, Vec<Op>)> {
+    (1u32..=3, 2u64..=3).prop_flat_map(|(capacity, keys)| {
+        (
+            Just(Setting { capacity, keys }),
+            prop::collection::vec(op(keys, capacity), 1..60),
+        )
+    })
 }
 
 /// The `pick`-th of `candidates`, counting round; `None` if there are none.
@@ -98,21 +136,42 @@ fn nth<T: Copy>(candidates: &[T], pick: usize) -> Option<T> {
     candidates.get(pick % candidates.len().max(1)).copied()
 }
 
+/// The live acquirers still queued, key by key.
+fn queued(model: &ReferenceModel) -> Vec<WaiterId> {
+    model
+        .live_acquirers()
+        .into_iter()
+        .filter(|waiter| model.find(*waiter).is_some_and(|(_, holds)| !holds))
+        .collect()
+}
+
 /// Makes the calls `op` stands for on the model.
 fn step(model: &mut ReferenceModel, op: Op) {
+    let room = model.live_acquirers().len() < MAX_LIVE_ACQUIRERS;
     match op {
-        Op::Acquire { key } => {
-            if model.live_acquirers().len() < MAX_LIVE_ACQUIRERS {
-                model.acquire(key);
-            }
+        Op::Acquire { key } if room => {
+            model.acquire(key);
         }
-        Op::TryAcquire { key } => {
-            if model.live_acquirers().len() < MAX_LIVE_ACQUIRERS {
-                model.try_acquire(key);
-            }
+        Op::AcquirePermits { key, permits } if room => {
+            model.acquire_permits(key, permits);
         }
+        Op::TryAcquire { key } if room => {
+            model.try_acquire(key);
+        }
+        Op::TryAcquirePermits { key, permits } if room => {
+            model.try_acquire_permits(key, permits);
+        }
+        Op::Acquire { .. }
+        | Op::AcquirePermits { .. }
+        | Op::TryAcquire { .. }
+        | Op::TryAcquirePermits { .. } => {}
         Op::Cancel { pick } => {
             if let Some(waiter) = nth(&model.live_acquirers(), pick) {
+                model.cancel(waiter);
+            }
+        }
+        Op::CancelQueued { pick } => {
+            if let Some(waiter) = nth(&queued(model), pick) {
                 model.cancel(waiter);
             }
         }
@@ -122,12 +181,7 @@ fn step(model: &mut ReferenceModel, op: Op) {
             }
         }
         Op::ReleaseQueued { pick } => {
-            let queued: Vec<_> = model
-                .live_acquirers()
-                .into_iter()
-                .filter(|waiter| model.find(*waiter).is_some_and(|(_, holds)| !holds))
-                .collect();
-            if let Some(waiter) = nth(&queued, pick) {
+            if let Some(waiter) = nth(&queued(model), pick) {
                 model.release(waiter);
             }
         }
@@ -147,15 +201,15 @@ fn step(model: &mut ReferenceModel, op: Op) {
 
 /// The model after `script`, then "release every holder" until none is left, then "take each
 /// key and release it".
-fn run_on_the_model(keys: u64, script: &[Op]) -> ReferenceModel {
-    let mut model = ReferenceModel::new();
+fn run_on_the_model(setting: Setting, script: &[Op]) -> ReferenceModel {
+    let mut model = ReferenceModel::with_capacity(setting.capacity);
     for &op in script {
         step(&mut model, op);
     }
-    // Liveness: releasing the holders must drain every queue. Then every key is taken and
-    // released once more: a leaked entry would refuse the take, which puts a leak among the
-    // outputs, where a replay of the trace sees it too.
-    for key in std::iter::once(None).chain((0..keys).map(Some)) {
+    // Liveness: releasing the holders must drain every queue. Then every key is taken, every
+    // permit of it, and released once more: a leaked entry or permit would refuse the take,
+    // which puts a leak among the outputs, where a replay of the trace sees it too.
+    for key in std::iter::once(None).chain((0..setting.keys).map(Some)) {
         if let Some(key) = key {
             model.try_acquire(key);
         }
@@ -167,17 +221,18 @@ fn run_on_the_model(keys: u64, script: &[Op]) -> ReferenceModel {
 }
 
 /// The journal a correct table records for `script`.
-fn expected_journal(keys: u64, script: &[Op]) -> Journal<u64> {
-    run_on_the_model(keys, script).journal()
+fn expected_journal(setting: Setting, script: &[Op]) -> Journal<u64> {
+    run_on_the_model(setting, script).journal()
 }
 
 /// Writes the failing case where `replay_regressions` finds it, and returns the path.
-fn write_failing_trace(seed: u64, keys: u64, script: &[Op], failure: &str) -> PathBuf {
-    let trace = write_trace(&expected_journal(keys, script), &IntegerKeys);
+fn write_failing_trace(seed: u64, setting: Setting, script: &[Op], failure: &str) -> PathBuf {
+    let trace = write_trace(&expected_journal(setting, script), &IntegerKeys);
     let (header, events) = trace.split_once('\n').expect("a header line");
+    let Setting { capacity, keys } = setting;
     let mut comments = format!(
         "# Found by tests/table_model.rs with PROPTEST_RNG_SEED={seed}; the outputs are the\n\
-         # reference model's. Script over {keys} keys: {script:?}\n"
+         # reference model's. Script over {keys} keys of {capacity} permits: {script:?}\n"
     );
     for line in failure.lines() {
         let _ = writeln!(comments, "# failure: {line}");
@@ -193,7 +248,7 @@ fn write_failing_trace(seed: u64, keys: u64, script: &[Op], failure: &str) -> Pa
 #[test]
 fn random_scripts_keep_every_rule_and_grant_as_the_reference_model() {
     let mut config = Config {
-        cases: 512,
+        cases: 1024,
         // The trace file written below is this test's record of failures.
         failure_persistence: None,
         ..Config::default()
@@ -205,16 +260,16 @@ fn random_scripts_keep_every_rule_and_grant_as_the_reference_model() {
     };
     config.rng_seed = RngSeed::Fixed(seed);
     let mut runner = TestRunner::new(config);
-    let result = runner.run(&keys_and_script(), |(keys, script)| {
-        check_the_table_against(&run_on_the_model(keys, &script)).map_err(TestCaseError::fail)
+    let result = runner.run(&setting_and_script(), |(setting, script)| {
+        check_the_table_against(&run_on_the_model(setting, &script)).map_err(TestCaseError::fail)
     });
     match result {
         Ok(()) => {}
-        Err(TestError::Fail(reason, (keys, script))) => {
-            let path = write_failing_trace(seed, keys, &script, &reason.to_string());
+        Err(TestError::Fail(reason, (setting, script))) => {
+            let path = write_failing_trace(seed, setting, &script, &reason.to_string());
             panic!(
                 "the table broke a rule (PROPTEST_RNG_SEED={seed})\n\
-                 minimal script over {keys} keys: {script:?}\n\
+                 minimal script over {setting:?}: {script:?}\n\
                  failure: {reason}\n\
                  expected journal written to {}",
                 path.display()
@@ -241,7 +296,13 @@ fn the_expected_journal_of_a_script_replays_without_divergence() {
         Op::ReleaseAndCancelGone { pick: 0 },
         Op::Acquire { key: 1 },
     ];
-    let journal = expected_journal(2, &script);
+    let journal = expected_journal(
+        Setting {
+            capacity: 1,
+            keys: 2,
+        },
+        &script,
+    );
     let count = |is: fn(&JournalEvent<u64>) -> bool| {
         journal
             .entries
@@ -273,6 +334,36 @@ fn the_expected_journal_of_a_script_replays_without_divergence() {
         ),
         "this script grants (two of them in the final takes), closes and refuses: `{}`",
         trace_lines(journal.entries.iter().map(|entry| &entry.event))
+    );
+    keyed_locks::replay::verify(&journal).unwrap_or_else(|error| panic!("{error}"));
+}
+
+#[test]
+fn the_expected_journal_of_a_permits_script_lets_the_requests_behind_a_cancelled_head_through() {
+    // Three permits: a shared holder, an exclusive request queued, a request for two queued
+    // behind it though two are free (FIFO), then the exclusive request cancelled.
+    let script = [
+        Op::AcquirePermits { key: 0, permits: 1 },
+        Op::Acquire { key: 0 },
+        Op::AcquirePermits { key: 0, permits: 2 },
+        Op::TryAcquirePermits { key: 0, permits: 1 },
+        Op::CancelQueued { pick: 0 },
+        Op::AcquirePermits { key: 0, permits: 1 },
+        Op::Release { pick: 0 },
+    ];
+    let journal = expected_journal(
+        Setting {
+            capacity: 3,
+            keys: 1,
+        },
+        &script,
+    );
+    assert_eq!(
+        trace_lines(journal.entries.iter().map(|entry| &entry.event)),
+        "capacity 3; acquire_permits w1 1 0; grant w1 1; acquire w2 0; \
+         acquire_permits w3 2 0; try_acquire_permits 1 0; would_block 0; \
+         cancel w2; grant w3 2; acquire_permits w4 1 0; release w1; grant w4 3; \
+         release w3; release w4; try_acquire 0; grant w5 4; release w5"
     );
     keyed_locks::replay::verify(&journal).unwrap_or_else(|error| panic!("{error}"));
 }
