@@ -253,3 +253,50 @@ async fn timeouts_on_every_kind_of_request_leave_no_entry() {
         }
     }
 }
+
+/// Tasks aborted at any point of any kind of request, and `select!` branches that lose to a
+/// timer, in every mode: nothing is left, and no key is stuck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_tasks_and_losing_select_branches_leave_no_entry() {
+    for registry in registries(3) {
+        let tasks: Vec<_> = (0..600u32)
+            .map(|task| {
+                let registry = registry.clone();
+                tokio::spawn(async move {
+                    let key = task % 3;
+                    let request = async {
+                        match task % 3 {
+                            0 => registry.lock(key).await.map(drop).map_err(drop),
+                            1 => registry.lock_shared(key).await.map(drop).map_err(drop),
+                            _ => registry.acquire(key, 2).await.map(drop).map_err(drop),
+                        }
+                    };
+                    tokio::select! {
+                        outcome = request => outcome.unwrap(),
+                        () = tokio::time::sleep(Duration::from_micros(u64::from(task % 5) * 40)) => {}
+                    }
+                })
+            })
+            .collect();
+        // Abort every other task wherever it is.
+        for (index, task) in tasks.iter().enumerate() {
+            if index % 2 == 0 {
+                task.abort();
+            }
+            if index % 50 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        for task in tasks {
+            match timeout(BOUND, task).await.unwrap() {
+                Ok(()) => {}
+                Err(error) => assert!(error.is_cancelled(), "{error}"),
+            }
+        }
+        let stats = registry.stats().await.unwrap();
+        assert_eq!((stats.keys, stats.holders, stats.waiting), (0, 0, 0));
+        for key in 0..3 {
+            drop(registry.try_lock(key).await.unwrap());
+        }
+    }
+}

@@ -146,7 +146,10 @@ pub fn timeline_of<K>(journal: &Journal<K>, key_label: impl Fn(&K) -> String) ->
         };
         let pending_try = try_acquire_lane.take();
         match &entry.event {
-            JournalEvent::Acquire { waiter, key } => {
+            // A shared lock or a permit request is drawn as a lock is; holders that share a
+            // key overlap on its lane.
+            JournalEvent::Acquire { waiter, key }
+            | JournalEvent::AcquirePermits { waiter, key, .. } => {
                 let lane = lane_index(key);
                 open.insert(
                     *waiter,
@@ -157,7 +160,9 @@ pub fn timeline_of<K>(journal: &Journal<K>, key_label: impl Fn(&K) -> String) ->
                     },
                 );
             }
-            JournalEvent::TryAcquire { key } => try_acquire_lane = Some(lane_index(key)),
+            JournalEvent::TryAcquire { key } | JournalEvent::TryAcquirePermits { key, .. } => {
+                try_acquire_lane = Some(lane_index(key))
+            }
             JournalEvent::Grant {
                 waiter,
                 fencing_token,
@@ -325,6 +330,27 @@ mod tests {
             [(BarKind::Wait, 3, 5, Ending::Granted)]
         );
         assert_eq!(lane.wait_rows[0][0].end.at, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn shared_holders_and_permit_requests_are_drawn_as_locks_are() {
+        let timeline = timeline(
+            "1 +0.000000s capacity 2\n\
+             2 +0.000000s acquire_permits w1 1 42\n\
+             3 +0.000000s grant w1 1\n\
+             4 +0.000000s try_acquire_permits 1 42\n\
+             5 +0.000000s grant w2 2\n\
+             6 +0.500000s release w1\n\
+             7 +1.000000s release w2\n",
+        );
+        assert_eq!(timeline.lanes.len(), 1);
+        assert_eq!(
+            shape(&timeline.lanes[0].holds),
+            [
+                (HOLD_1, 3, 6, Ending::Released),
+                (HOLD_2, 5, 7, Ending::Released)
+            ]
+        );
     }
 
     #[test]
