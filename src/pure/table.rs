@@ -421,57 +421,34 @@ where
     /// enough permits are free, queued behind the earlier waiters otherwise (strict FIFO: a
     /// request is never overtaken by a later one, however small).
     pub fn acquire_permits(&mut self, key: K, permits: Permits, delivery: D) -> Acquired<D> {
-        match self.entries.entry(key) {
+        let capacity = self.capacity;
+        let (entries, mut counters) = self.split();
+        let entry = match entries.entry(key) {
             hash_map::Entry::Occupied(mut occupied) => {
                 let entry = occupied.get_mut();
                 // Invariant 5: with no live waiter ahead, fitting is the only condition.
-                if entry.waiters == 0 && fits(entry, permits, self.capacity) {
-                    let key = occupied.key().clone();
-                    let (waiter_id, fencing_token) = hold(
-                        occupied.get_mut(),
-                        key,
-                        permits,
-                        &mut self.records,
-                        &mut self.next_fencing_token,
-                    );
-                    self.holders += 1;
-                    self.permits_in_use += permits.get() as usize;
-                    return Acquired::Granted(Grant {
-                        waiter_id,
-                        fencing_token,
-                        delivery,
+                if entry.waiters > 0 || !fits(entry, permits, capacity) {
+                    let waiter_id = counters.records.insert(Record {
+                        key: occupied.key().clone(),
+                        state: RecordState::Waiting(delivery),
                     });
+                    let entry = occupied.get_mut();
+                    entry.queue.push_back(Queued { waiter_id, permits });
+                    entry.waiters += 1;
+                    *counters.waiting += 1;
+                    return Acquired::Queued(waiter_id);
                 }
-                let waiter_id = self.records.insert(Record {
-                    key: occupied.key().clone(),
-                    state: RecordState::Waiting(delivery),
-                });
-                let entry = occupied.get_mut();
-                entry.queue.push_back(Queued { waiter_id, permits });
-                entry.waiters += 1;
-                self.waiting += 1;
-                Acquired::Queued(waiter_id)
+                occupied
             }
-            hash_map::Entry::Vacant(vacant) => {
-                let key = vacant.key().clone();
-                let entry = vacant.insert(Entry::default());
-                let (waiter_id, fencing_token) = hold(
-                    entry,
-                    key,
-                    permits,
-                    &mut self.records,
-                    &mut self.next_fencing_token,
-                );
-                self.held_keys += 1;
-                self.holders += 1;
-                self.permits_in_use += permits.get() as usize;
-                Acquired::Granted(Grant {
-                    waiter_id,
-                    fencing_token,
-                    delivery,
-                })
-            }
-        }
+            hash_map::Entry::Vacant(vacant) => vacant.insert_entry(Entry::default()),
+        };
+        let key = entry.key().clone();
+        let (waiter_id, fencing_token) = hold(entry.into_mut(), key, permits, &mut counters);
+        Acquired::Granted(Grant {
+            waiter_id,
+            fencing_token,
+            delivery,
+        })
     }
 
     /// Takes `key` exclusively if nobody holds or waits for it; otherwise changes nothing,
@@ -487,28 +464,19 @@ where
         key: K,
         permits: Permits,
     ) -> Result<Grant<()>, WouldBlock> {
-        let entry = match self.entries.entry(key) {
+        let capacity = self.capacity;
+        let (entries, mut counters) = self.split();
+        let entry = match entries.entry(key) {
             hash_map::Entry::Occupied(occupied) => {
-                if occupied.get().waiters > 0 || !fits(occupied.get(), permits, self.capacity) {
+                if occupied.get().waiters > 0 || !fits(occupied.get(), permits, capacity) {
                     return Err(WouldBlock);
                 }
                 occupied
             }
-            hash_map::Entry::Vacant(vacant) => {
-                self.held_keys += 1;
-                vacant.insert_entry(Entry::default())
-            }
+            hash_map::Entry::Vacant(vacant) => vacant.insert_entry(Entry::default()),
         };
         let key = entry.key().clone();
-        let (waiter_id, fencing_token) = hold(
-            entry.into_mut(),
-            key,
-            permits,
-            &mut self.records,
-            &mut self.next_fencing_token,
-        );
-        self.holders += 1;
-        self.permits_in_use += permits.get() as usize;
+        let (waiter_id, fencing_token) = hold(entry.into_mut(), key, permits, &mut counters);
         Ok(Grant {
             waiter_id,
             fencing_token,
@@ -836,7 +804,8 @@ fn fits(entry: &Entry, permits: Permits, capacity: NonZeroU32) -> bool {
     entry.permits + permits.get() <= capacity.get()
 }
 
-/// Makes a new holder of `permits` on `entry` and returns its id and token.
+/// Makes a new holder of `permits` on `entry`, which has room for them, counts it, and
+/// returns its id and token.
 ///
 /// Free functions over the table's fields, like this one, let a caller keep its borrow of the
 /// entry map while the records change.
@@ -844,15 +813,19 @@ fn hold<K, D>(
     entry: &mut Entry,
     key: K,
     permits: Permits,
-    records: &mut Records<Record<K, D>>,
-    next_fencing_token: &mut u64,
+    counters: &mut Counters<'_, K, D>,
 ) -> (WaiterId, u64) {
-    let fencing_token = next_token(next_fencing_token);
-    let waiter_id = records.insert(Record {
+    let fencing_token = next_token(counters.next_fencing_token);
+    let waiter_id = counters.records.insert(Record {
         key,
         state: RecordState::Holding { permits },
     });
+    if entry.permits == 0 {
+        *counters.held_keys += 1;
+    }
     entry.permits += permits.get();
+    *counters.holders += 1;
+    *counters.permits_in_use += permits.get() as usize;
     (waiter_id, fencing_token)
 }
 
