@@ -65,7 +65,7 @@
 //!   share a PostgreSQL database, with leases and fencing tokens (check them at the
 //!   resource).
 //! - **Throughput above all**: on the repository's 2-core benchmarks the best mutex-map
-//!   crate does 1.3× (one key, many tasks) to 1.6× (many keys, many tasks) more lock/unlock
+//!   crate does 1.2× (one key, many tasks) to 1.5× (many keys, many tasks) more lock/unlock
 //!   pairs per second. The README has the figures and the commands that measure them.
 
 //! # Stability and supported versions
