@@ -5,7 +5,8 @@
 //! acquirer, found by its [`WaiterId`] in O(1), so a waiter can be cancelled or released
 //! without a search. The table numbers acquirers in order of arrival, so the same inputs always
 //! give the same ids. Its inputs are [`acquire`](LockTable::acquire),
-//! [`try_acquire`](LockTable::try_acquire), [`release`](LockTable::release),
+//! [`try_acquire`](LockTable::try_acquire), their forms for permits and for several keys at
+//! once ([`acquire_all`](LockTable::acquire_all)), [`release`](LockTable::release),
 //! [`cancel`](LockTable::cancel) and [`shutdown`](LockTable::shutdown); its outputs are the
 //! [`Grant`]s they cause. The same inputs always give the same grants and the same fencing
 //! tokens, which is what makes the table testable step by step and replayable.
@@ -19,7 +20,10 @@
 //!
 //! Strict FIFO per key, by order of arrival at the table: a waiter is granted only when every
 //! waiter that arrived before it on the same key has been granted or has cancelled. A new
-//! acquirer never overtakes a queued one, even at the instant the key is released.
+//! acquirer never overtakes a queued one, even at the instant the key is released. A request
+//! for several keys at once is queued on all of them in one step and granted when it is first
+//! on all of them, so it obeys the same rule on each key, and no requests can wait for each
+//! other in a cycle (the earliest waiting request waits only for holders).
 //!
 //! # Invariants
 //!
@@ -35,23 +39,29 @@
 //! 3. **Permits.** `entry.permits` is the sum of the permits its holders hold, and at most
 //!    the table's capacity. An exclusive acquirer takes every permit, so it holds its key
 //!    alone (mutual exclusion); with one permit per key, every acquirer is exclusive.
-//! 4. **Queue.** Each waiting record of `k` appears exactly once in `k`'s queue. Other ids in
-//!    the queue are *tombstones* of cancelled waiters, skipped when granting; they are never
-//!    live again, because the table never issues an id twice.
-//! 5. **No idle waiters.** The first live waiter of a key asks for more permits than are
-//!    free: a waiter that fits would be a stuck key. (With one permit per key: waiters mean a
-//!    holder.)
+//! 4. **Queue.** Each waiting record of `k` appears exactly once in `k`'s queue, and the
+//!    queue is in order of arrival. Other ids in the queue are *tombstones* of cancelled
+//!    waiters, skipped when granting; they are never live again, because the table never
+//!    issues an id twice.
+//! 5. **No idle waiters.** The first live waiter of a key cannot be granted: it asks for more
+//!    permits than are free, or it asks for several keys and is not first (or does not fit)
+//!    on another of them. A waiter that could be granted would be a stuck key. (With one
+//!    permit per key and no multi-key requests: waiters mean a holder.)
 //! 6. **Bounded tombstones.** `queue.len() <= 2 * entry.waiters + TOMBSTONE_SLACK`, so a
 //!    timeout storm on a key held for a long time cannot grow its queue without bound.
 //! 7. **Counters.** `held_keys` is the number of entries with a holder, `holders` the number
-//!    of holding records, `permits_in_use` the sum of their permits, and `waiting` the number
-//!    of waiting records.
+//!    of holding records, `permits_in_use` the sum of the entries' permits, and `waiting` the
+//!    number of waiting records (a request for several keys is one record).
 //! 8. **Fencing.** Tokens are handed out in strictly increasing order starting at 1, one per
 //!    grant (only `next_token` hands them out), so at least one token was handed out per
 //!    holder. A holder's record does not keep its token: the grant carried it to the holder,
 //!    and a record without it is 8 bytes smaller.
 //! 9. **Records.** The record store keeps its own invariants (`table/records.rs`): its memory
 //!    follows the live records, not the number of arrivals.
+//! 10. **Groups.** A request for several keys at once has one record, keyed by its first key,
+//!     and its keys (two or more, each once) in the group map, for exactly as long as the
+//!     record lives. It counts as a waiter or holder in each of its keys' entries, holds
+//!     every permit of each while it holds, and its queue slots are flagged as a group's.
 
 use std::collections::{HashMap, VecDeque, hash_map};
 use std::fmt;
@@ -116,6 +126,8 @@ pub struct LockTable<K, D> {
     /// led to the switch).
     entries: EntryMap<K>,
     records: Records<Record<K, D>>,
+    /// The keys of every acquirer of several keys at once (invariant 10).
+    groups: GroupMap<K>,
     next_fencing_token: u64,
     /// Permits per key: an exclusive acquirer takes them all (invariant 3).
     capacity: NonZeroU32,
@@ -131,10 +143,14 @@ pub struct LockTable<K, D> {
 
 type EntryMap<K> = HashMap<K, Entry, foldhash::fast::RandomState>;
 
+/// Ids are issued by the table, not chosen by callers, so a fixed-seed hasher is safe here.
+type GroupMap<K> = HashMap<WaiterId, Box<[K]>, foldhash::fast::FixedState>;
+
 /// The table's fields other than the entry map, borrowed while one entry is changed.
 struct Counters<'a, K, D> {
     capacity: NonZeroU32,
     records: &'a mut Records<Record<K, D>>,
+    groups: &'a mut GroupMap<K>,
     next_fencing_token: &'a mut u64,
     held_keys: &'a mut usize,
     holders: &'a mut usize,
@@ -177,6 +193,46 @@ impl fmt::Display for PermitsOutOfRange {
 
 impl std::error::Error for PermitsOutOfRange {}
 
+/// The keys of one request for several keys at once ([`LockTable::acquire_all`]): at least
+/// one key, each once, in the order first given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySet<K>(Box<[K]>);
+
+impl<K: Hash + Eq> KeySet<K> {
+    /// The distinct keys of `keys`, in order of first appearance; `None` if there are none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_locks::table::KeySet;
+    ///
+    /// let keys = KeySet::new(["b", "a", "b"]).unwrap();
+    /// assert_eq!(keys.as_slice(), ["b", "a"]);
+    /// assert!(KeySet::<&str>::new([]).is_none());
+    /// ```
+    pub fn new(keys: impl IntoIterator<Item = K>) -> Option<Self> {
+        let mut keys: Vec<K> = keys.into_iter().collect();
+        if keys.is_empty() {
+            return None;
+        }
+        let first_seen: Vec<bool> = {
+            let mut seen: std::collections::HashSet<&K, foldhash::fast::RandomState> =
+                std::collections::HashSet::with_capacity_and_hasher(keys.len(), Default::default());
+            keys.iter().map(|key| seen.insert(key)).collect()
+        };
+        let mut first_seen = first_seen.into_iter();
+        keys.retain(|_| first_seen.next().unwrap_or(false));
+        Some(KeySet(keys.into_boxed_slice()))
+    }
+}
+
+impl<K> KeySet<K> {
+    /// The keys, in order of first appearance.
+    pub fn as_slice(&self) -> &[K] {
+        &self.0
+    }
+}
+
 /// One key's state.
 #[derive(Debug, Default)]
 ///
@@ -211,11 +267,13 @@ struct WaiterQueue(Option<Box<VecDeque<Queued>>>);
 
 /// A queued waiter and the permits it asks for. The permits live here rather than in the
 /// waiter's record, so that a holder's record stays as small as it was with exclusive locks
-/// only.
+/// only; `group` (free: it fills the slot's padding) says that the waiter asks for several
+/// keys at once, so that the grant loop learns it without a lookup.
 #[derive(Debug, Clone, Copy)]
 struct Queued {
     waiter_id: WaiterId,
     permits: Permits,
+    group: bool,
 }
 
 impl WaiterQueue {
@@ -360,6 +418,7 @@ where
         LockTable {
             entries: HashMap::default(),
             records: Records::new(),
+            groups: HashMap::default(),
             next_fencing_token: 1,
             capacity,
             held_keys: 0,
@@ -377,6 +436,7 @@ where
             Counters {
                 capacity: self.capacity,
                 records: &mut self.records,
+                groups: &mut self.groups,
                 next_fencing_token: &mut self.next_fencing_token,
                 held_keys: &mut self.held_keys,
                 holders: &mut self.holders,
@@ -433,7 +493,11 @@ where
                         state: RecordState::Waiting(delivery),
                     });
                     let entry = occupied.get_mut();
-                    entry.queue.push_back(Queued { waiter_id, permits });
+                    entry.queue.push_back(Queued {
+                        waiter_id,
+                        permits,
+                        group: false,
+                    });
                     entry.waiters += 1;
                     *counters.waiting += 1;
                     return Acquired::Queued(waiter_id);
@@ -484,9 +548,72 @@ where
         })
     }
 
-    /// Ends the hold of `waiter_id` on its key and grants the key's permits to the waiters at
-    /// the front of its queue that now fit, in order, appending their grants to `granted`.
-    /// Returns the released key.
+    /// Asks for every key of `keys` exclusively, all at once: the request takes its place in
+    /// the queue of each of its keys in this one step, and is granted, with one grant and one
+    /// fencing token for all of them, once it is the first waiter of every one of its keys and
+    /// none of them is held. Granted at once if that is already so.
+    ///
+    /// No set of such requests can wait for each other in a cycle: every queue is in order of
+    /// arrival, so the earliest waiting request is the first waiter of each of its keys and
+    /// waits only for their holders. A set of one key is the same as [`acquire`](Self::acquire).
+    pub fn acquire_all(&mut self, keys: KeySet<K>, delivery: D) -> Acquired<D> {
+        let keys = match single(keys) {
+            Ok(key) => return self.acquire(key, delivery),
+            Err(keys) => keys,
+        };
+        let permits = self.all_permits();
+        let (entries, mut counters) = self.split();
+        if all_free(entries, &keys, permits, counters.capacity) {
+            let (waiter_id, fencing_token) = hold_all(entries, keys, permits, &mut counters);
+            return Acquired::Granted(Grant {
+                waiter_id,
+                fencing_token,
+                delivery,
+            });
+        }
+        let waiter_id = counters.records.insert(Record {
+            key: keys[0].clone(),
+            state: RecordState::Waiting(delivery),
+        });
+        for key in &keys {
+            let entry = entries.entry(key.clone()).or_default();
+            entry.queue.push_back(Queued {
+                waiter_id,
+                permits,
+                group: true,
+            });
+            entry.waiters += 1;
+        }
+        *counters.waiting += 1;
+        counters.groups.insert(waiter_id, keys);
+        Acquired::Queued(waiter_id)
+    }
+
+    /// Takes every key of `keys` exclusively if none is held or has waiters; otherwise changes
+    /// nothing, creates no entry and returns [`WouldBlock`]. A set of one key is the same as
+    /// [`try_acquire`](Self::try_acquire).
+    pub fn try_acquire_all(&mut self, keys: KeySet<K>) -> Result<Grant<()>, WouldBlock> {
+        let keys = match single(keys) {
+            Ok(key) => return self.try_acquire(key),
+            Err(keys) => keys,
+        };
+        let permits = self.all_permits();
+        let (entries, mut counters) = self.split();
+        if !all_free(entries, &keys, permits, counters.capacity) {
+            return Err(WouldBlock);
+        }
+        let (waiter_id, fencing_token) = hold_all(entries, keys, permits, &mut counters);
+        Ok(Grant {
+            waiter_id,
+            fencing_token,
+            delivery: (),
+        })
+    }
+
+    /// Ends the hold of `waiter_id` on its key (or keys) and grants the permits to the waiters
+    /// at the front of the queues that now fit, in order, appending their grants to `granted`.
+    /// Returns the released key; for a holder of several keys, the first of them
+    /// ([`keys_of`](Self::keys_of) lists them all while the holder is live).
     ///
     /// # Errors
     ///
@@ -512,6 +639,10 @@ where
         else {
             return Err(WaiterError::Unknown(waiter_id));
         };
+        if let Some(keys) = self.take_group(waiter_id) {
+            self.release_group(&keys, permits, granted);
+            return Ok(key);
+        }
         let (entries, mut counters) = self.split();
         let Some(entry) = entries.get_mut(&key) else {
             // Unreachable while invariant 1 holds; refusing beats panicking.
@@ -525,24 +656,33 @@ where
             *counters.held_keys -= 1;
         }
         // Most releases leave nobody waiting: skip the grant loop then.
-        let unused = if entry.waiters == 0 {
-            entry.permits == 0
+        let settled = if entry.waiters == 0 {
+            Settled::by_use(entry)
         } else {
-            Self::grant_fitting(entry, &mut counters, granted)
+            grant_fitting(entry, &mut counters, granted)
         };
-        if unused {
-            entries.remove(&key);
+        match settled {
+            Settled::Unused => {
+                entries.remove(&key);
+            }
+            Settled::InUse => {}
+            Settled::GroupFirst(group) => {
+                if grant_group(entries, &mut counters, group, granted) {
+                    settle(entries, &mut counters, &key, granted);
+                }
+            }
         }
         Ok(key)
     }
 
-    /// Withdraws `waiter_id` from its key's queue and returns its key and delivery.
+    /// Withdraws `waiter_id` from its key's queue (or its keys' queues) and returns its key
+    /// (for a request of several keys, the first of them) and delivery.
     ///
-    /// A waiter that asked for more permits than were free holds back the smaller requests
-    /// behind it (FIFO); withdrawing it lets those that now fit through, and their grants are
-    /// appended to `granted`. With one permit per key nothing is ever granted here. The id stays
-    /// in the queue as a tombstone until it reaches the front or the queue is compacted
-    /// (invariants 4 and 6), which keeps this O(1) amortized.
+    /// A waiter that could not be granted holds back the requests behind it (FIFO);
+    /// withdrawing it lets those that now can through, and their grants are appended to
+    /// `granted`: a request for more permits than are free, or for several keys at once. The
+    /// id stays in the queue as a tombstone until it reaches the front or the queue is
+    /// compacted (invariants 4 and 6), which keeps this O(1) amortized per key.
     ///
     /// # Errors
     ///
@@ -571,45 +711,61 @@ where
             return Err(WaiterError::Unknown(waiter_id));
         };
         self.waiting -= 1;
-        let (entries, mut counters) = self.split();
-        if let Some(entry) = entries.get_mut(&key) {
-            entry.waiters -= 1;
-            if Self::grant_fitting(entry, &mut counters, granted) {
-                entries.remove(&key);
+        if let Some(keys) = self.take_group(waiter_id) {
+            let first_new = granted.len();
+            let (entries, mut counters) = self.split();
+            for key in &keys {
+                match entries.get_mut(key) {
+                    Some(entry) => entry.waiters -= 1,
+                    None => debug_assert!(false, "invariant 1: waiter without entry"),
+                }
             }
-        } else {
-            debug_assert!(false, "invariant 1: waiter without entry");
+            for key in &keys {
+                settle(entries, &mut counters, key, granted);
+            }
+            in_arrival_order(&mut granted[first_new..]);
+            return Ok((key, delivery));
         }
+        let (entries, mut counters) = self.split();
+        match entries.get_mut(&key) {
+            Some(entry) => entry.waiters -= 1,
+            None => debug_assert!(false, "invariant 1: waiter without entry"),
+        }
+        settle(entries, &mut counters, &key, granted);
         Ok((key, delivery))
     }
 
-    /// After a release or a cancel on `key`, whose entry is `entry`: grants the waiters at the
-    /// front of its queue that fit, in order, stopping at the first that does not (FIFO,
-    /// invariant 5); then compacts the queue (invariant 6). Returns whether the entry is left
-    /// with nobody, for the caller to remove it in the same step (invariant 1). Takes the
-    /// table's fields rather than `self`, so that the caller keeps its one lookup of the entry.
-    fn grant_fitting(
-        entry: &mut Entry,
-        counters: &mut Counters<'_, K, D>,
-        granted: &mut Vec<Grant<D>>,
-    ) -> bool {
-        let was_held = entry.permits > 0;
-        while let Some((grant, permits)) = grant_next(
-            entry,
-            counters.capacity,
-            counters.records,
-            counters.next_fencing_token,
-        ) {
-            *counters.waiting -= 1;
-            *counters.holders += 1;
-            *counters.permits_in_use += permits.get() as usize;
-            granted.push(grant);
+    /// The keys of `waiter_id` if it asks for or holds several at once, taken out of the group
+    /// map. Free when no group is live, which keeps single-key releases as they were.
+    #[inline]
+    fn take_group(&mut self, waiter_id: WaiterId) -> Option<Box<[K]>> {
+        if self.groups.is_empty() {
+            return None;
         }
-        if !was_held && entry.permits > 0 {
-            *counters.held_keys += 1;
+        self.groups.remove(&waiter_id)
+    }
+
+    /// Ends a hold of `permits` on each of `keys`, whose record is already gone, then grants
+    /// what now can be on each key; the step's grants take their tokens in order of arrival.
+    fn release_group(&mut self, keys: &[K], permits: Permits, granted: &mut Vec<Grant<D>>) {
+        let first_new = granted.len();
+        let (entries, mut counters) = self.split();
+        *counters.holders -= 1;
+        for key in keys {
+            let Some(entry) = entries.get_mut(key) else {
+                debug_assert!(false, "invariant 1: holder without entry");
+                continue;
+            };
+            entry.permits -= permits.get();
+            *counters.permits_in_use -= permits.get() as usize;
+            if entry.permits == 0 {
+                *counters.held_keys -= 1;
+            }
         }
-        compact_queue(entry, counters.records);
-        entry.is_unused()
+        for key in keys {
+            settle(entries, &mut counters, key, granted);
+        }
+        in_arrival_order(&mut granted[first_new..]);
     }
 
     /// Empties the table: every waiter is withdrawn and returned with its delivery, in order of
@@ -626,6 +782,7 @@ where
             })
             .collect();
         self.entries.clear();
+        self.groups.clear();
         self.held_keys = 0;
         self.holders = 0;
         self.permits_in_use = 0;
@@ -633,9 +790,20 @@ where
         waiters
     }
 
-    /// The key `waiter_id` holds or waits for, if the id is live.
+    /// The key `waiter_id` holds or waits for, if the id is live; for a request of several
+    /// keys, the first of them.
     pub fn key_of(&self, waiter_id: WaiterId) -> Option<&K> {
         self.records.get(waiter_id).map(|record| &record.key)
+    }
+
+    /// Every key `waiter_id` holds or waits for, if the id is live: one key, or the keys of a
+    /// request for several at once.
+    pub fn keys_of(&self, waiter_id: WaiterId) -> Option<&[K]> {
+        let record = self.records.get(waiter_id)?;
+        match self.groups.get(&waiter_id) {
+            Some(keys) => Some(keys),
+            None => Some(std::slice::from_ref(&record.key)),
+        }
     }
 
     /// The delivery of a waiter that is still queued.
@@ -682,22 +850,45 @@ where
         if let Err(detail) = self.records.check() {
             return broken(9, detail);
         }
+        for (group, keys) in &self.groups {
+            match self.records.get(*group) {
+                None => return broken(10, format!("group {group:?} has no record")),
+                Some(record) if keys.len() < 2 || keys.first() != Some(&record.key) => {
+                    return broken(
+                        10,
+                        format!(
+                            "group {group:?} has {} keys, or not its record's",
+                            keys.len()
+                        ),
+                    );
+                }
+                Some(_) => {}
+            }
+        }
         let mut holding_of: HashMap<&K, u32> = HashMap::new();
         let mut waiting_of: HashMap<&K, u32> = HashMap::new();
         let mut permits_of: HashMap<&K, u32> = HashMap::new();
+        let (mut holding_records, mut waiting_records) = (0, 0);
         for (waiter_id, record) in self.records.iter() {
-            if !self.entries.contains_key(&record.key) {
-                return broken(1, format!("record {waiter_id:?} has no entry"));
+            let keys = self.keys_of(waiter_id).unwrap_or_default();
+            for key in keys {
+                if !self.entries.contains_key(key) {
+                    return broken(1, format!("record {waiter_id:?} has no entry"));
+                }
+                match record.state {
+                    RecordState::Holding { permits } => {
+                        *holding_of.entry(key).or_default() += 1;
+                        *permits_of.entry(key).or_default() += permits.get();
+                    }
+                    RecordState::Waiting(_) => *waiting_of.entry(key).or_default() += 1,
+                }
             }
             match record.state {
-                RecordState::Holding { permits } => {
-                    *holding_of.entry(&record.key).or_default() += 1;
-                    *permits_of.entry(&record.key).or_default() += permits.get();
-                }
-                RecordState::Waiting(_) => *waiting_of.entry(&record.key).or_default() += 1,
+                RecordState::Holding { .. } => holding_records += 1,
+                RecordState::Waiting(_) => waiting_records += 1,
             }
         }
-        let (mut held_keys, mut holders_total, mut permits_total, mut waiting) = (0, 0, 0, 0);
+        let (mut held_keys, mut permits_total) = (0, 0);
         for (key, entry) in &self.entries {
             let holders = holding_of.get(key).copied().unwrap_or(0);
             let waiters = waiting_of.get(key).copied().unwrap_or(0);
@@ -723,34 +914,18 @@ where
                     ),
                 );
             }
-            let mut live_in_queue = 0;
-            for Queued { waiter_id: id, .. } in entry.queue.iter() {
-                if let Some(record) = self.records.get(*id)
-                    && matches!(record.state, RecordState::Waiting(_))
-                {
-                    if record.key != *key {
-                        return broken(4, format!("waiter {id:?} queued under another key"));
-                    }
-                    live_in_queue += 1;
-                }
+            if let Err(detail) = self.check_queue(key, entry) {
+                return broken(4, detail);
             }
-            if live_in_queue != waiters {
-                return broken(
-                    4,
-                    format!("{live_in_queue} live ids queued for {waiters} waiters"),
-                );
-            }
-            let first_waiter = entry
-                .queue
-                .iter()
-                .find(|queued| self.records.contains(queued.waiter_id));
-            if let Some(first) = first_waiter
-                && fits(entry, first.permits, self.capacity)
+            if let Some(first) = first_live(entry, &self.records)
+                && self.grantable(first)
             {
                 return broken(
                     5,
                     format!(
-                        "the first waiter asks for {} permits and {} are free",
+                        "the first waiter {:?} asks for {} permits, {} are free, and it waits \
+                         for nothing else",
+                        first.waiter_id,
                         first.permits.get(),
                         self.capacity.get() - entry.permits
                     ),
@@ -767,20 +942,18 @@ where
                 );
             }
             held_keys += usize::from(entry.permits > 0);
-            holders_total += holders as usize;
             permits_total += entry.permits as usize;
-            waiting += entry.waiters as usize;
         }
-        if self.next_fencing_token <= holders_total as u64 {
+        if self.next_fencing_token <= holding_records as u64 {
             return broken(
                 8,
                 format!(
-                    "{holders_total} holders but only {} tokens handed out",
+                    "{holding_records} holders but only {} tokens handed out",
                     self.next_fencing_token - 1
                 ),
             );
         }
-        let counted = (held_keys, holders_total, permits_total, waiting);
+        let counted = (held_keys, holding_records, permits_total, waiting_records);
         let kept = (
             self.held_keys,
             self.holders,
@@ -796,6 +969,57 @@ where
             );
         }
         Ok(())
+    }
+
+    /// Invariant 4 for `key`'s queue: its live ids wait for `key`, in order of arrival, each
+    /// once, flagged as a group exactly when they ask for several keys.
+    fn check_queue(&self, key: &K, entry: &Entry) -> Result<(), String> {
+        let mut live_in_queue = 0;
+        let mut previous: Option<WaiterId> = None;
+        for queued in entry.queue.iter() {
+            let id = queued.waiter_id;
+            if previous.is_some_and(|previous| previous >= id) {
+                return Err(format!("{id:?} is queued after {previous:?}"));
+            }
+            previous = Some(id);
+            let Some(record) = self.records.get(id) else {
+                continue;
+            };
+            if !matches!(record.state, RecordState::Waiting(_)) {
+                return Err(format!("holder {id:?} is still queued"));
+            }
+            if !self.keys_of(id).unwrap_or_default().contains(key) {
+                return Err(format!("waiter {id:?} queued under another key"));
+            }
+            if queued.group != self.groups.contains_key(&id) {
+                return Err(format!(
+                    "waiter {id:?} is flagged wrongly as a group or not"
+                ));
+            }
+            live_in_queue += 1;
+        }
+        if live_in_queue != entry.waiters {
+            return Err(format!(
+                "{live_in_queue} live ids queued for {} waiters",
+                entry.waiters
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the queued waiter `first`, the first live waiter of one of its keys, could be
+    /// granted now: it fits there and, if it asks for several keys, is the first live waiter
+    /// of each of them and fits on each.
+    fn grantable(&self, first: &Queued) -> bool {
+        let keys = self.keys_of(first.waiter_id).unwrap_or_default();
+        keys.iter().all(|key| {
+            self.entries.get(key).is_some_and(|entry| {
+                first_live(entry, &self.records).is_some_and(|queued| {
+                    queued.waiter_id == first.waiter_id
+                        && fits(entry, queued.permits, self.capacity)
+                })
+            })
+        })
     }
 }
 
@@ -839,22 +1063,268 @@ fn compact_queue<K, D>(entry: &mut Entry, records: &Records<Record<K, D>>) {
     }
 }
 
-/// Grants the first live waiter of `entry` if its permits fit, dropping tombstones on the way;
-/// `None` if the queue is empty or its first live waiter does not fit.
+/// The one key of a set of one, or the set's keys.
+fn single<K>(keys: KeySet<K>) -> Result<K, Box<[K]>> {
+    let keys = keys.0;
+    if keys.len() != 1 {
+        return Err(keys);
+    }
+    match keys.into_vec().pop() {
+        Some(key) => Ok(key),
+        None => Err(Box::default()),
+    }
+}
+
+/// Whether `permits` of every key of `keys` could be taken now: nobody waits for any of them
+/// and the permits fit on each (invariant 5).
+fn all_free<K: Hash + Eq>(
+    entries: &EntryMap<K>,
+    keys: &[K],
+    permits: Permits,
+    capacity: NonZeroU32,
+) -> bool {
+    keys.iter().all(|key| {
+        entries
+            .get(key)
+            .is_none_or(|entry| entry.waiters == 0 && fits(entry, permits, capacity))
+    })
+}
+
+/// Makes a new holder of `permits` on each of `keys`, which have room for them, counts it,
+/// and returns its id and token: one record and one token for all the keys (invariant 10).
+fn hold_all<K: Hash + Eq + Clone, D>(
+    entries: &mut EntryMap<K>,
+    keys: Box<[K]>,
+    permits: Permits,
+    counters: &mut Counters<'_, K, D>,
+) -> (WaiterId, u64) {
+    for key in &keys {
+        let entry = entries.entry(key.clone()).or_default();
+        if entry.permits == 0 {
+            *counters.held_keys += 1;
+        }
+        entry.permits += permits.get();
+        *counters.permits_in_use += permits.get() as usize;
+    }
+    let fencing_token = next_token(counters.next_fencing_token);
+    let waiter_id = counters.records.insert(Record {
+        key: keys[0].clone(),
+        state: RecordState::Holding { permits },
+    });
+    *counters.holders += 1;
+    counters.groups.insert(waiter_id, keys);
+    (waiter_id, fencing_token)
+}
+
+/// Where a key stands after its grant loop.
+enum Settled {
+    /// Nobody holds or waits for it: its entry must go in this step (invariant 1).
+    Unused,
+    /// Held, or with a waiter that cannot be granted yet.
+    InUse,
+    /// Its first live waiter asks for several keys and fits on this one: whether it is
+    /// granted depends on its other keys, which only the caller can see.
+    GroupFirst(WaiterId),
+}
+
+impl Settled {
+    fn by_use(entry: &Entry) -> Self {
+        if entry.is_unused() {
+            Settled::Unused
+        } else {
+            Settled::InUse
+        }
+    }
+}
+
+/// After a release or a cancel on the key whose entry is `entry`: grants the waiters at the
+/// front of its queue that fit, in order, stopping at the first that does not (FIFO,
+/// invariant 5) or at a request for several keys; then compacts the queue (invariant 6).
+/// Takes the table's fields rather than the table, so that the caller keeps its one lookup of
+/// the entry.
+fn grant_fitting<K, D>(
+    entry: &mut Entry,
+    counters: &mut Counters<'_, K, D>,
+    granted: &mut Vec<Grant<D>>,
+) -> Settled {
+    let was_held = entry.permits > 0;
+    let stop = loop {
+        match grant_next(
+            entry,
+            counters.capacity,
+            counters.records,
+            counters.next_fencing_token,
+        ) {
+            Next::Granted(grant, permits) => {
+                *counters.waiting -= 1;
+                *counters.holders += 1;
+                *counters.permits_in_use += permits.get() as usize;
+                granted.push(grant);
+            }
+            Next::Blocked => break None,
+            Next::GroupFirst(group) => break Some(group),
+        }
+    };
+    if !was_held && entry.permits > 0 {
+        *counters.held_keys += 1;
+    }
+    compact_queue(entry, counters.records);
+    match stop {
+        Some(group) => Settled::GroupFirst(group),
+        None => Settled::by_use(entry),
+    }
+}
+
+/// Grants on `key` whatever now can be granted, requests for several keys included, and
+/// removes its entry if nobody is left (invariant 1).
+fn settle<K: Hash + Eq, D>(
+    entries: &mut EntryMap<K>,
+    counters: &mut Counters<'_, K, D>,
+    key: &K,
+    granted: &mut Vec<Grant<D>>,
+) {
+    loop {
+        let Some(entry) = entries.get_mut(key) else {
+            return;
+        };
+        match grant_fitting(entry, counters, granted) {
+            Settled::Unused => {
+                entries.remove(key);
+                return;
+            }
+            Settled::InUse => return,
+            Settled::GroupFirst(group) => {
+                if !grant_group(entries, counters, group, granted) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Grants the request for several keys `group` if it is the first live waiter of each of its
+/// keys and fits on each; otherwise changes nothing. Returns whether it was granted.
+fn grant_group<K: Hash + Eq, D>(
+    entries: &mut EntryMap<K>,
+    counters: &mut Counters<'_, K, D>,
+    group: WaiterId,
+    granted: &mut Vec<Grant<D>>,
+) -> bool {
+    let Some(keys) = counters.groups.get(&group) else {
+        debug_assert!(false, "invariant 10: a group in a queue without its keys");
+        return false;
+    };
+    let mut permits = None;
+    for key in keys {
+        let first = entries
+            .get(key)
+            .and_then(|entry| Some((entry, first_live(entry, counters.records)?)));
+        match first {
+            Some((entry, first))
+                if first.waiter_id == group && fits(entry, first.permits, counters.capacity) =>
+            {
+                permits = Some(first.permits);
+            }
+            _ => return false,
+        }
+    }
+    let Some(permits) = permits else {
+        return false;
+    };
+    let Some(record) = counters.records.get_mut(group) else {
+        return false;
+    };
+    let RecordState::Waiting(delivery) =
+        std::mem::replace(&mut record.state, RecordState::Holding { permits })
+    else {
+        debug_assert!(false, "invariant 4: a holder in the queue");
+        return false;
+    };
+    for key in keys {
+        let Some(entry) = entries.get_mut(key) else {
+            continue;
+        };
+        // Tombstones, then the group itself: it is the first live waiter (checked above).
+        while let Some(front) = entry.queue.pop_front() {
+            if front.waiter_id == group {
+                break;
+            }
+        }
+        entry.waiters -= 1;
+        if entry.permits == 0 {
+            *counters.held_keys += 1;
+        }
+        entry.permits += permits.get();
+        *counters.permits_in_use += permits.get() as usize;
+    }
+    *counters.waiting -= 1;
+    *counters.holders += 1;
+    granted.push(Grant {
+        waiter_id: group,
+        fencing_token: next_token(counters.next_fencing_token),
+        delivery,
+    });
+    true
+}
+
+/// The first queued waiter of `entry` that is still waiting, skipping tombstones.
+fn first_live<'e, K, D>(entry: &'e Entry, records: &Records<Record<K, D>>) -> Option<&'e Queued> {
+    entry
+        .queue
+        .iter()
+        .find(|queued| records.contains(queued.waiter_id))
+}
+
+/// Puts the grants of one step in order of arrival, with its tokens in increasing order.
+///
+/// A step that touches several keys (the release or cancel of a request for several keys)
+/// runs each key's grant loop in turn, so its grants come out by key. Ordering them by arrival
+/// makes the tokens, and so the journal, independent of the order of the keys in the request.
+fn in_arrival_order<D>(grants: &mut [Grant<D>]) {
+    if grants.len() < 2 {
+        return;
+    }
+    let mut tokens: Vec<u64> = grants.iter().map(|grant| grant.fencing_token).collect();
+    tokens.sort_unstable();
+    grants.sort_unstable_by_key(|grant| grant.waiter_id);
+    for (grant, token) in grants.iter_mut().zip(tokens) {
+        grant.fencing_token = token;
+    }
+}
+
+/// What the grant loop found at the front of a queue.
+enum Next<D> {
+    /// The first live waiter fit and holds the key now.
+    Granted(Grant<D>, Permits),
+    /// The queue is empty, or its first live waiter does not fit.
+    Blocked,
+    /// The first live waiter asks for several keys and fits on this one.
+    GroupFirst(WaiterId),
+}
+
+/// Grants the first live waiter of `entry` if its permits fit, dropping tombstones on the way.
 fn grant_next<K, D>(
     entry: &mut Entry,
     capacity: NonZeroU32,
     records: &mut Records<Record<K, D>>,
     next_fencing_token: &mut u64,
-) -> Option<(Grant<D>, Permits)> {
-    while let Some(&Queued { waiter_id, permits }) = entry.queue.front() {
+) -> Next<D> {
+    while let Some(&Queued {
+        waiter_id,
+        permits,
+        group,
+    }) = entry.queue.front()
+    {
         // A tombstone (cancelled waiter) has no record any more: skip it (invariant 4).
         let Some(record) = records.get_mut(waiter_id) else {
             entry.queue.pop_front();
             continue;
         };
         if !fits(entry, permits, capacity) {
-            return None;
+            return Next::Blocked;
+        }
+        if group {
+            return Next::GroupFirst(waiter_id);
         }
         entry.queue.pop_front();
         let fencing_token = next_token(next_fencing_token);
@@ -871,9 +1341,9 @@ fn grant_next<K, D>(
             fencing_token,
             delivery,
         };
-        return Some((grant, permits));
+        return Next::Granted(grant, permits);
     }
-    None
+    Next::Blocked
 }
 
 /// Hands out the next fencing token (invariant 8). A `u64` does not wrap in practice: at a

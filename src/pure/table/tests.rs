@@ -1037,3 +1037,188 @@ fn releases_grant_the_front_while_it_fits_and_stop_at_the_first_that_does_not() 
     let tokens: Vec<u64> = grants.iter().map(|grant| grant.fencing_token).collect();
     assert!(tokens.windows(2).all(|pair| pair[0] < pair[1]));
 }
+
+// Several keys at once (invariant 10).
+
+fn keys(keys: &[&'static str]) -> KeySet<&'static str> {
+    KeySet::new(keys.iter().copied()).expect("at least one key")
+}
+
+fn ids<D>(grants: &[Grant<D>]) -> Vec<WaiterId> {
+    grants.iter().map(|grant| grant.waiter_id).collect()
+}
+
+#[test]
+fn free_keys_are_granted_together_under_one_token_and_released_together() {
+    let mut table = Table::new();
+    let both = granted(table.acquire_all(keys(&["a", "b"]), "both"));
+    step(&table);
+    assert_eq!(both.fencing_token, 1);
+    assert_eq!(table.keys_of(both.waiter_id), Some(&["a", "b"][..]));
+    let stats = table.stats();
+    assert_eq!(
+        (
+            stats.keys,
+            stats.held,
+            stats.holders,
+            stats.permits,
+            stats.grants
+        ),
+        (2, 2, 1, 2, 1)
+    );
+    assert_eq!(table.try_acquire("a"), Err(WouldBlock));
+    assert_eq!(table.try_acquire("b"), Err(WouldBlock));
+    assert_eq!(table.release(both.waiter_id, &mut Vec::new()), Ok("a"));
+    step(&table);
+    assert_eq!(table.stats().keys, 0);
+    assert_eq!(table.keys_of(both.waiter_id), None);
+}
+
+#[test]
+fn a_set_of_one_key_is_a_plain_acquire_and_duplicates_collapse() {
+    let set = keys(&["a", "a", "b", "a"]);
+    assert_eq!(set.as_slice(), ["a", "b"]);
+    assert!(KeySet::<&str>::new([]).is_none());
+    let mut table = Table::new();
+    let one = granted(table.acquire_all(keys(&["a", "a"]), "one"));
+    step(&table);
+    assert_eq!(table.keys_of(one.waiter_id), Some(&["a"][..]));
+    assert_eq!(table.stats().holders, 1);
+    let waiting = queued(table.acquire_all(keys(&["a"]), "two"));
+    step(&table);
+    let mut grants = Vec::new();
+    table.release(one.waiter_id, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(ids(&grants), [waiting]);
+}
+
+#[test]
+fn a_group_waits_for_every_holder_and_holds_back_later_arrivals_on_free_keys() {
+    let mut table = Table::new();
+    let holder_a = granted(table.acquire("a", "holder a")).waiter_id;
+    let group = queued(table.acquire_all(keys(&["a", "b"]), "group"));
+    step(&table);
+    // `b` is free, but the group waits for it first: a later acquirer queues behind.
+    let later_b = queued(table.acquire("b", "later b"));
+    step(&table);
+    assert_eq!(table.try_acquire("b"), Err(WouldBlock));
+    assert_eq!(table.try_acquire_all(keys(&["b", "c"])), Err(WouldBlock));
+    assert!(!table.contains_key(&"c"), "a refused try creates nothing");
+    let mut grants = Vec::new();
+    table.release(holder_a, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(ids(&grants), [group]);
+    grants.clear();
+    table.release(group, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(ids(&grants), [later_b]);
+}
+
+#[test]
+fn groups_listing_keys_in_opposite_orders_are_granted_in_arrival_order() {
+    let mut table = Table::new();
+    let holder_a = granted(table.acquire("a", "holder a")).waiter_id;
+    let holder_b = granted(table.acquire("b", "holder b")).waiter_id;
+    let ab = queued(table.acquire_all(keys(&["a", "b"]), "ab"));
+    let ba = queued(table.acquire_all(keys(&["b", "a"]), "ba"));
+    step(&table);
+    let mut grants = Vec::new();
+    table.release(holder_b, &mut grants).unwrap();
+    step(&table);
+    assert!(
+        grants.is_empty(),
+        "ab still waits for a; ba waits behind ab"
+    );
+    table.release(holder_a, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(ids(&grants), [ab]);
+    grants.clear();
+    table.release(ab, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(ids(&grants), [ba]);
+    table.release(ba, &mut Vec::new()).unwrap();
+    step(&table);
+    assert_eq!(table.stats().keys, 0);
+}
+
+#[test]
+fn a_cancelled_group_lets_the_waiters_behind_it_through_in_arrival_order() {
+    let mut table = Table::new();
+    let holder_c = granted(table.acquire("c", "holder c")).waiter_id;
+    let group = queued(table.acquire_all(keys(&["a", "b", "c"]), "group"));
+    let behind_b = queued(table.acquire("b", "behind on b"));
+    let behind_a = queued(table.acquire("a", "behind on a"));
+    step(&table);
+    let mut grants = Vec::new();
+    let (key, delivery) = table.cancel(group, &mut grants).unwrap();
+    step(&table);
+    assert_eq!((key, delivery), ("a", "group"));
+    assert_eq!(
+        ids(&grants),
+        [behind_b, behind_a],
+        "arrival order, whatever the order of the group's keys"
+    );
+    let tokens: Vec<u64> = grants.iter().map(|grant| grant.fencing_token).collect();
+    assert_eq!(tokens, [2, 3]);
+    for id in [holder_c, behind_b, behind_a] {
+        table.release(id, &mut Vec::new()).unwrap();
+        step(&table);
+    }
+    assert_eq!(table.stats().keys, 0);
+}
+
+#[test]
+fn a_released_group_grants_a_group_behind_it_and_the_single_waiters_in_order() {
+    let mut table = Table::new();
+    let first = granted(table.acquire_all(keys(&["a", "b"]), "first")).waiter_id;
+    let on_b = queued(table.acquire("b", "on b"));
+    let second = queued(table.acquire_all(keys(&["a", "c"]), "second"));
+    let on_c = queued(table.acquire("c", "on c"));
+    step(&table);
+    let mut grants = Vec::new();
+    table.release(first, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(ids(&grants), [on_b, second], "on c waits behind second");
+    assert!(
+        grants[0].fencing_token < grants[1].fencing_token,
+        "tokens follow arrival"
+    );
+    grants.clear();
+    table.release(second, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(ids(&grants), [on_c]);
+}
+
+#[test]
+fn a_group_and_shared_holders_exclude_each_other() {
+    let mut table = table_with(2);
+    let one = table.permits(1).unwrap();
+    let reader = granted(table.acquire_permits("a", one, "reader")).waiter_id;
+    let group = queued(table.acquire_all(keys(&["a", "b"]), "group"));
+    let late_reader = queued(table.acquire_permits("a", one, "late reader"));
+    step(&table);
+    let mut grants = Vec::new();
+    table.release(reader, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(ids(&grants), [group]);
+    assert_eq!(table.stats().permits, 4, "every permit of both keys");
+    grants.clear();
+    table.release(group, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(ids(&grants), [late_reader]);
+}
+
+#[test]
+fn shutdown_closes_a_waiting_group_once() {
+    let mut table = Table::new();
+    let holder = granted(table.acquire("a", "holder")).waiter_id;
+    let group = queued(table.acquire_all(keys(&["a", "b"]), "group"));
+    step(&table);
+    assert_eq!(table.shutdown(), [(group, "group")]);
+    step(&table);
+    assert_eq!(
+        table.release(holder, &mut Vec::new()),
+        Err(WaiterError::Unknown(holder))
+    );
+    assert_eq!(table.stats().keys, 0);
+}
