@@ -551,6 +551,11 @@ fn any_event() -> impl Strategy<Value = JournalEvent<String>> {
         (key_for_permits(), 1u32..=u32::MAX)
             .prop_map(|(key, permits)| JournalEvent::TryAcquirePermits { key, permits }),
         (1u32..=u32::MAX).prop_map(|permits| JournalEvent::Capacity { permits }),
+        (any_waiter(), proptest::collection::vec(any_key(), 1..5))
+            .prop_map(|(waiter, keys)| JournalEvent::AcquireAll { waiter, keys }),
+        proptest::collection::vec(any_key(), 1..5)
+            .prop_map(|keys| JournalEvent::TryAcquireAll { keys }),
+        Just(JournalEvent::WouldBlockAll),
         (
             any_key(),
             prop_oneof![
@@ -720,4 +725,96 @@ fn permits_and_capacity_lines_round_trip_and_bad_counts_are_rejected() {
             "{bad_line}: {error:?}"
         );
     }
+}
+
+#[test]
+fn multi_key_events_are_followed_by_one_key_line_per_key() {
+    let trace = "1 +0.000000s acquire_all w1 2\n\
+                 | \"account:7\"\n\
+                 | \"account 9\"\n\
+                 2 +0.000000s grant w1 1\n\
+                 3 +0.000002s try_acquire_all 3\n\
+                 | \"a\"\n\
+                 | \"b\"\n\
+                 | \"account:7\"\n\
+                 4 +0.000002s would_block_all\n";
+    let journal = parse_trace::<String, _>(trace, &StringKeys).unwrap();
+    assert_eq!(journal.entries.len(), 4);
+    assert_eq!(
+        journal.entries[0].event,
+        JournalEvent::AcquireAll {
+            waiter: waiter("w1"),
+            keys: vec!["account:7".to_owned(), "account 9".to_owned()]
+        }
+    );
+    assert_eq!(
+        journal.entries[2].event,
+        JournalEvent::TryAcquireAll {
+            keys: ["a", "b", "account:7"].map(String::from).to_vec()
+        }
+    );
+    assert_eq!(journal.entries[3].event, JournalEvent::WouldBlockAll);
+    assert_eq!(
+        write_trace(&journal, &StringKeys)
+            .lines()
+            .skip(2)
+            .collect::<Vec<_>>(),
+        trace.lines().collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn missing_or_malformed_key_lines_are_rejected_with_their_line() {
+    let cases: [(&str, usize, Expected); 5] = [
+        // A comment where a key line is due.
+        (
+            "1 +0.000000s acquire_all w1 2\n| \"a\"\n# note\n",
+            3,
+            Expected::KeyLine,
+        ),
+        // The next event where a key line is due.
+        (
+            "1 +0.000000s try_acquire_all 2\n| \"a\"\n2 +0.000000s would_block_all\n",
+            3,
+            Expected::KeyLine,
+        ),
+        // The trace ends first.
+        (
+            "1 +0.000000s acquire_all w1 2\n| \"a\"\n",
+            3,
+            Expected::KeyLine,
+        ),
+        ("1 +0.000000s acquire_all w1 0\n", 1, Expected::KeyCount),
+        (
+            "1 +0.000000s try_acquire_all two\n| \"a\"\n",
+            1,
+            Expected::KeyCount,
+        ),
+    ];
+    for (trace, line, what) in cases {
+        let error = parse_trace::<String, _>(trace, &StringKeys).unwrap_err();
+        assert!(
+            matches!(error, TraceError::Expected { line: l, expected, .. } if l == line && expected == what),
+            "{trace:?}: {error:?}"
+        );
+    }
+    let error =
+        parse_trace::<String, _>("1 +0.000000s acquire_all w1 1\n| a\n", &StringKeys).unwrap_err();
+    assert!(
+        matches!(error, TraceError::Key { line: 2, .. }),
+        "{error:?}"
+    );
+    let error =
+        parse_trace::<String, _>("1 +0.000000s would_block_all \"a\"\n", &StringKeys).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            TraceError::Expected {
+                line: 1,
+                expected: Expected::EndOfLine,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
 }

@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use std::num::NonZeroU32;
 
-use crate::table::{Acquired, Grant, LockTable, Permits, WaiterError, WaiterId, WouldBlock};
+use crate::table::{
+    Acquired, Grant, KeySet, LockTable, Permits, WaiterError, WaiterId, WouldBlock,
+};
 
 /// One thing the table saw (an input) or did (an output).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +58,19 @@ pub enum JournalEvent<K> {
         /// The permits asked for.
         permits: u32,
     },
+    /// Input: `waiter` asked for every key of `keys` exclusively, all at once (two or more
+    /// keys, each once; a set of one key is recorded as [`Acquire`](Self::Acquire)).
+    AcquireAll {
+        /// The id the table gave the new acquirer.
+        waiter: WaiterId,
+        /// The keys asked for, in the order given, duplicates removed.
+        keys: Vec<K>,
+    },
+    /// Input: someone asked for every key of `keys` exclusively, only if all are free now.
+    TryAcquireAll {
+        /// The keys asked for, in the order given, duplicates removed.
+        keys: Vec<K>,
+    },
     /// Input: the table was made with `permits` per key. Recorded first, and only when a key
     /// has more than one permit, so that a replay makes the same table.
     Capacity {
@@ -86,6 +101,9 @@ pub enum JournalEvent<K> {
         /// The key that was taken.
         key: K,
     },
+    /// Output: the [`TryAcquireAll`](Self::TryAcquireAll) just before found one of its keys
+    /// taken or awaited; nothing changed.
+    WouldBlockAll,
     /// Output: `waiter` was still queued at shutdown and was told the registry closed.
     Closed {
         /// The closed-out waiter.
@@ -152,6 +170,8 @@ impl<K> JournalEvent<K> {
                 | JournalEvent::TryAcquire { .. }
                 | JournalEvent::AcquirePermits { .. }
                 | JournalEvent::TryAcquirePermits { .. }
+                | JournalEvent::AcquireAll { .. }
+                | JournalEvent::TryAcquireAll { .. }
                 | JournalEvent::Capacity { .. }
                 | JournalEvent::Release { .. }
                 | JournalEvent::Cancel { .. }
@@ -418,6 +438,61 @@ where
         ring.push(match &result {
             Ok(grant) => grant_event(grant),
             Err(WouldBlock) => JournalEvent::WouldBlock { key },
+        });
+        result
+    }
+
+    /// [`LockTable::acquire_all`], recorded: as [`Acquire`](JournalEvent::Acquire) for a set
+    /// of one key, as [`AcquireAll`](JournalEvent::AcquireAll) otherwise.
+    pub fn acquire_all(&mut self, keys: KeySet<K>, delivery: D) -> Acquired<D> {
+        let Some(ring) = &mut self.ring else {
+            return self.table.acquire_all(keys, delivery);
+        };
+        let mut recorded_keys = keys.as_slice().to_vec();
+        let acquired = self.table.acquire_all(keys, delivery);
+        let waiter = match &acquired {
+            Acquired::Granted(grant) => grant.waiter_id,
+            Acquired::Queued(waiter_id) => *waiter_id,
+        };
+        ring.push(match recorded_keys.len() {
+            1 => JournalEvent::Acquire {
+                waiter,
+                key: recorded_keys.swap_remove(0),
+            },
+            _ => JournalEvent::AcquireAll {
+                waiter,
+                keys: recorded_keys,
+            },
+        });
+        if let Acquired::Granted(grant) = &acquired {
+            ring.push(grant_event(grant));
+        }
+        acquired
+    }
+
+    /// [`LockTable::try_acquire_all`], recorded: as [`TryAcquire`](JournalEvent::TryAcquire)
+    /// for a set of one key, as [`TryAcquireAll`](JournalEvent::TryAcquireAll) otherwise.
+    pub fn try_acquire_all(&mut self, keys: KeySet<K>) -> Result<Grant<()>, WouldBlock> {
+        let Some(ring) = &mut self.ring else {
+            return self.table.try_acquire_all(keys);
+        };
+        let mut recorded_keys = keys.as_slice().to_vec();
+        let single = recorded_keys.len() == 1;
+        ring.push(match single {
+            true => JournalEvent::TryAcquire {
+                key: recorded_keys[0].clone(),
+            },
+            false => JournalEvent::TryAcquireAll {
+                keys: recorded_keys.clone(),
+            },
+        });
+        let result = self.table.try_acquire_all(keys);
+        ring.push(match (&result, single) {
+            (Ok(grant), _) => grant_event(grant),
+            (Err(WouldBlock), true) => JournalEvent::WouldBlock {
+                key: recorded_keys.swap_remove(0),
+            },
+            (Err(WouldBlock), false) => JournalEvent::WouldBlockAll,
         });
         result
     }

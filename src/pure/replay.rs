@@ -37,6 +37,7 @@ use std::hash::Hash;
 use std::num::NonZeroU32;
 
 use crate::journal::{Journal, JournalEntry, JournalEvent, JournaledTable};
+use crate::table::KeySet;
 use crate::trace::{TraceTime, write_event};
 
 /// Why a journal could not be replayed at all.
@@ -197,6 +198,18 @@ where
                     let _ = table.try_acquire_permits(key.clone(), permits);
                 }
             }
+            // An empty set (an edited trace) is not fed either; duplicates are removed as the
+            // table removes them, so the comparison shows an edited set.
+            JournalEvent::AcquireAll { keys, .. } => {
+                if let Some(keys) = KeySet::new(keys.iter().cloned()) {
+                    let _ = table.acquire_all(keys, ());
+                }
+            }
+            JournalEvent::TryAcquireAll { keys } => {
+                if let Some(keys) = KeySet::new(keys.iter().cloned()) {
+                    let _ = table.try_acquire_all(keys);
+                }
+            }
             // Anywhere but first (handled above), a capacity cannot be replayed: the table
             // exists already. Not fed, so the comparison reports it.
             JournalEvent::Capacity { .. } => {}
@@ -214,6 +227,7 @@ where
             JournalEvent::Lease(_) => table.note(entry.event.clone()),
             JournalEvent::Grant { .. }
             | JournalEvent::WouldBlock { .. }
+            | JournalEvent::WouldBlockAll
             | JournalEvent::Closed { .. }
             | JournalEvent::Refused { .. } => {}
         }

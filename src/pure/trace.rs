@@ -23,7 +23,7 @@
 //! ```text
 //! trace    = [ header ] { line } ;
 //! header   = "# keyed-locks trace v2" ;              (* only as the first line *)
-//! line     = blank | dropped | comment | event ;
+//! line     = blank | dropped | comment | event ;   (* key lines follow their event *)
 //! blank    = { " " | "\t" } ;
 //! dropped  = "# dropped " count ;                   (* at most once, before any event *)
 //! comment  = "#" { any character } ;               (* not a header or dropped line *)
@@ -36,6 +36,9 @@
 //!          | "acquire_permits " waiter " " count " " key  (* 1 for a shared lock *)
 //!          | "try_acquire_permits " count " " key
 //!          | "capacity " count                     (* permits per key; first, if not 1 *)
+//!          | "acquire_all " waiter " " count keys   (* several keys, exclusive, at once *)
+//!          | "try_acquire_all " count keys
+//!          | "would_block_all"
 //!          | "release " waiter
 //!          | "cancel " waiter
 //!          | "shutdown"
@@ -47,11 +50,22 @@
 //!          | "lease_granted " count " " name         (* the lease's fence *)
 //!          | "lease_lost " count " " name
 //!          | "lease_released " count " " name ;
+//! keys     = count * ( "\n| " key ) ;                (* one key line per key, in order *)
 //! refusal  = "unknown" | "not_holding" | "not_waiting" ;
 //! waiter   = "w" count ;                            (* arrival number, from 1: w17 *)
 //! key      = { any character } ;                    (* the rest of the line, read by the codec *)
 //! name     = { any character } ;                    (* the rest of the line, as StringKeys *)
 //! count    = digit { digit } ;                      (* fits a u64 *)
+//! ```
+//!
+//! The `count` lines after a multi-key event are its keys, each as `| ` and the key; nothing
+//! else (no blank line, no comment) may come between them:
+//!
+//! ```text
+//! 6 +0.000210s acquire_all w4 2
+//! | "account:7"
+//! | "account:9"
+//! 7 +0.000210s grant w4 5
 //! ```
 //!
 //! A line that starts with `# dropped` is a dropped line and must be well formed; a line that
@@ -99,6 +113,8 @@ pub const TRACE_HEADER: &str = "# keyed-locks trace v2";
 
 const HEADER_PREFIX: &str = "# keyed-locks trace ";
 const DROPPED_PREFIX: &str = "# dropped";
+/// Starts each key line of a multi-key event.
+const KEY_LINE_PREFIX: &str = "| ";
 
 /// Writes keys into trace lines and reads them back.
 ///
@@ -404,6 +420,10 @@ pub enum Expected {
     Permits,
     /// A lease's name, quoted.
     LeaseName,
+    /// The number of keys of a multi-key event, 1 or more.
+    KeyCount,
+    /// One of the key lines that follow a multi-key event.
+    KeyLine,
 }
 
 impl fmt::Display for Expected {
@@ -420,6 +440,8 @@ impl fmt::Display for Expected {
             Expected::Fence => "a fence (a whole number)",
             Expected::Permits => "a count of permits (1 or more)",
             Expected::LeaseName => "a lease name in double quotes",
+            Expected::KeyCount => "a count of keys (1 or more)",
+            Expected::KeyLine => "a key line like `| \"user:42\"`",
         })
     }
 }
@@ -529,8 +551,9 @@ impl fmt::Display for TraceError {
             TraceError::UnknownEvent { found, .. } => write!(
                 f,
                 "unknown event {} (expected acquire, try_acquire, acquire_permits, \
-                 try_acquire_permits, capacity, release, cancel, shutdown, grant, would_block, \
-                 closed, refused or a lease_ event)",
+                 try_acquire_permits, acquire_all, try_acquire_all, capacity, release, cancel, \
+                 shutdown, grant, would_block, would_block_all, closed, refused or a lease_ \
+                 event)",
                 quoted(found)
             ),
             TraceError::BadSequence {
@@ -635,9 +658,20 @@ pub fn parse_trace<K, C: KeyCodec<K>>(text: &str, codec: &C) -> Result<Journal<K
     let mut journal = Journal::default();
     let mut dropped_line_seen = false;
     let mut previous: Option<(u64, Duration)> = None;
+    // Key lines still owed by the last event (a multi-key event is followed by its keys).
+    let mut key_lines_due = 0;
+    let mut last_line = 0;
     for (index, raw_line) in text.split('\n').enumerate() {
         let line = index + 1;
+        last_line = line;
         let text = raw_line.strip_suffix('\r').unwrap_or(raw_line);
+        if key_lines_due > 0 {
+            if let Some(entry) = journal.entries.last_mut() {
+                parse_key_line(text, line, codec, entry)?;
+            }
+            key_lines_due -= 1;
+            continue;
+        }
         if text.bytes().all(|byte| byte == b' ' || byte == b'\t') {
             continue;
         }
@@ -671,7 +705,8 @@ pub fn parse_trace<K, C: KeyCodec<K>>(text: &str, codec: &C) -> Result<Journal<K
         if text.starts_with('#') {
             continue;
         }
-        let entry = parse_event_line(text, line, codec)?;
+        let (entry, key_lines) = parse_event_line(text, line, codec)?;
+        key_lines_due = key_lines;
         let expected_seq = match previous {
             None => journal.dropped.checked_add(1),
             Some((seq, _)) => seq.checked_add(1),
@@ -696,6 +731,13 @@ pub fn parse_trace<K, C: KeyCodec<K>>(text: &str, codec: &C) -> Result<Journal<K
         previous = Some((entry.seq, entry.at));
         journal.entries.push(entry);
     }
+    if key_lines_due > 0 {
+        return Err(TraceError::Expected {
+            line: last_line,
+            expected: Expected::KeyLine,
+            found: None,
+        });
+    }
     Ok(journal)
 }
 
@@ -709,11 +751,13 @@ fn dropped_count_text(text: &str) -> Option<&str> {
     after.strip_prefix(' ')
 }
 
+/// Reads one event line. A multi-key event comes back with no keys yet and the number of key
+/// lines that must follow it.
 fn parse_event_line<K, C: KeyCodec<K>>(
     text: &str,
     line: usize,
     codec: &C,
-) -> Result<JournalEntry<K>, TraceError> {
+) -> Result<(JournalEntry<K>, u64), TraceError> {
     let expected = |expected: Expected, found_text: &str| TraceError::Expected {
         line,
         expected,
@@ -741,7 +785,31 @@ fn parse_event_line<K, C: KeyCodec<K>>(
             Err(expected(Expected::EndOfLine, rest))
         }
     };
+    let mut key_lines = 0;
+    let mut key_count = |rest: &str| -> Result<(), TraceError> {
+        let (count_text, rest) = split_token(rest);
+        key_lines = parse_count(count_text)
+            .filter(|count| *count > 0)
+            .ok_or_else(|| expected(Expected::KeyCount, count_text))?;
+        end(rest)
+    };
     let event = match name {
+        names::ACQUIRE_ALL => {
+            let (waiter, rest) = waiter(rest)?;
+            key_count(rest)?;
+            JournalEvent::AcquireAll {
+                waiter,
+                keys: Vec::new(),
+            }
+        }
+        names::TRY_ACQUIRE_ALL => {
+            key_count(rest)?;
+            JournalEvent::TryAcquireAll { keys: Vec::new() }
+        }
+        names::WOULD_BLOCK_ALL => {
+            end(rest)?;
+            JournalEvent::WouldBlockAll
+        }
         names::ACQUIRE => {
             let (waiter, rest) = waiter(rest)?;
             JournalEvent::Acquire {
@@ -837,7 +905,34 @@ fn parse_event_line<K, C: KeyCodec<K>>(
             });
         }
     };
-    Ok(JournalEntry { seq, at, event })
+    Ok((JournalEntry { seq, at, event }, key_lines))
+}
+
+/// Reads a key line (`| key`) of the multi-key event `entry`, and adds its key.
+fn parse_key_line<K, C: KeyCodec<K>>(
+    text: &str,
+    line: usize,
+    codec: &C,
+    entry: &mut JournalEntry<K>,
+) -> Result<(), TraceError> {
+    let key_text = text
+        .strip_prefix(KEY_LINE_PREFIX)
+        .filter(|key_text| !key_text.is_empty())
+        .ok_or_else(|| TraceError::Expected {
+            line,
+            expected: Expected::KeyLine,
+            found: found(text),
+        })?;
+    let key = codec.decode(key_text).map_err(|error| TraceError::Key {
+        line,
+        source: Box::new(error),
+    })?;
+    if let JournalEvent::AcquireAll { keys, .. } | JournalEvent::TryAcquireAll { keys } =
+        &mut entry.event
+    {
+        keys.push(key);
+    }
+    Ok(())
 }
 
 /// Splits off a count of permits (1 or more, fitting a `u32`) at the start of `text`.
@@ -941,6 +1036,9 @@ mod names {
     pub(super) const ACQUIRE_PERMITS: &str = "acquire_permits";
     pub(super) const TRY_ACQUIRE_PERMITS: &str = "try_acquire_permits";
     pub(super) const CAPACITY: &str = "capacity";
+    pub(super) const ACQUIRE_ALL: &str = "acquire_all";
+    pub(super) const TRY_ACQUIRE_ALL: &str = "try_acquire_all";
+    pub(super) const WOULD_BLOCK_ALL: &str = "would_block_all";
     pub(super) const LEASE_REQUESTED: &str = "lease_requested";
     pub(super) const LEASE_GRANTED: &str = "lease_granted";
     pub(super) const LEASE_LOST: &str = "lease_lost";
@@ -995,6 +1093,21 @@ pub(crate) fn write_event<K>(
         JournalEvent::Capacity { permits } => {
             let _ = write!(out, "{} {permits}", names::CAPACITY);
         }
+        JournalEvent::AcquireAll { waiter, keys } => {
+            let _ = write!(
+                out,
+                "{} {} {}",
+                names::ACQUIRE_ALL,
+                format_waiter(*waiter),
+                keys.len()
+            );
+            write_key_lines(out, keys, write_key);
+        }
+        JournalEvent::TryAcquireAll { keys } => {
+            let _ = write!(out, "{} {}", names::TRY_ACQUIRE_ALL, keys.len());
+            write_key_lines(out, keys, write_key);
+        }
+        JournalEvent::WouldBlockAll => out.push_str(names::WOULD_BLOCK_ALL),
         JournalEvent::Release { waiter } => {
             let _ = write!(out, "{} {}", names::RELEASE, format_waiter(*waiter));
         }
@@ -1042,6 +1155,15 @@ pub(crate) fn write_event<K>(
             // A lease is named by text whatever the registry's keys are.
             StringKeys.encode(name, out);
         }
+    }
+}
+
+/// The key lines that follow a multi-key event, one `| key` line per key.
+fn write_key_lines<K>(out: &mut String, keys: &[K], write_key: &dyn Fn(&K, &mut String)) {
+    for key in keys {
+        out.push('\n');
+        out.push_str(KEY_LINE_PREFIX);
+        write_key(key, out);
     }
 }
 
