@@ -22,9 +22,40 @@ use crate::table::WaiterId;
 #[clippy::has_significant_drop]
 pub struct KeyGuard<K: LockKey> {
     key: K,
-    waiter_id: WaiterId,
     fencing_token: u64,
+    /// Dropped with the guard, which releases the key.
+    _held: HeldGrant<K>,
+}
+
+/// One grant of a registry shard, released when dropped: the part of a guard that ends the
+/// hold. [`KeyGuard`] has one; a [`MultiGuard`](crate::MultiGuard) has one per shard.
+#[clippy::has_significant_drop]
+pub(crate) struct HeldGrant<K: LockKey> {
+    waiter_id: WaiterId,
     requests: RequestSender<K>,
+}
+
+impl<K: LockKey> HeldGrant<K> {
+    pub(crate) fn new(waiter_id: WaiterId, requests: RequestSender<K>) -> Self {
+        HeldGrant {
+            waiter_id,
+            requests,
+        }
+    }
+}
+
+impl<K: LockKey> Drop for HeldGrant<K> {
+    fn drop(&mut self) {
+        // Never waits: the step runs here if the owner is idle, else the request joins an
+        // unbounded queue. It comes to nothing only when the registry has stopped, and then
+        // nothing is left to release.
+        let waiter_id = self.waiter_id;
+        let _ = owner::call(
+            &self.requests,
+            || ((), ()),
+            |_| Request::Release { waiter_id },
+        );
+    }
 }
 
 impl<K: LockKey> KeyGuard<K> {
@@ -36,9 +67,8 @@ impl<K: LockKey> KeyGuard<K> {
     ) -> Self {
         KeyGuard {
             key,
-            waiter_id,
             fencing_token,
-            requests,
+            _held: HeldGrant::new(waiter_id, requests),
         }
     }
 
@@ -79,20 +109,6 @@ impl<K: LockKey> KeyGuard<K> {
     /// ```
     pub fn fencing_token(&self) -> u64 {
         self.fencing_token
-    }
-}
-
-impl<K: LockKey> Drop for KeyGuard<K> {
-    fn drop(&mut self) {
-        // Never waits: the step runs here if the owner is idle, else the request joins an
-        // unbounded queue. It comes to nothing only when the registry has stopped, and then
-        // nothing is left to release.
-        let waiter_id = self.waiter_id;
-        let _ = owner::call(
-            &self.requests,
-            || ((), ()),
-            |_| Request::Release { waiter_id },
-        );
     }
 }
 

@@ -104,6 +104,7 @@ mod cluster;
 mod error;
 mod guard;
 pub mod messages;
+mod multi_guard;
 mod registry;
 
 use pure::stats;
@@ -126,6 +127,7 @@ pub use error::{
     TryPermitsError,
 };
 pub use guard::KeyGuard;
+pub use multi_guard::MultiGuard;
 pub use registry::{LockRegistry, RegistryBuilder};
 pub use run_token::Execution;
 pub use stats::RegistryStats;

@@ -16,14 +16,15 @@ use crate::LockKey;
 use crate::actor::{RegistryActor, RegistryConfig};
 use crate::error::{JournalError, LockError, PermitsError, TryLockError, TryPermitsError};
 use crate::grant::{self, GrantReceiver, GrantSender, Granted, NotGranted, Undo};
-use crate::guard::KeyGuard;
+use crate::guard::{HeldGrant, KeyGuard};
 use crate::journal::Journal;
+use crate::multi_guard::MultiGuard;
 use crate::owner::{self, Call, Owner, OwnerConfig};
 use crate::request::{Delivery, Outcome, Request, RequestSender};
 use crate::run_token::{self, Execution};
 use crate::shard::ShardRouter;
 use crate::stats::RegistryStats;
-use crate::table::Permits;
+use crate::table::{KeySet, Permits};
 
 /// A registry of per-key async locks: the handle to its registry actor (or, when built with
 /// [`RegistryBuilder::shards`], to its actors, each owning the keys that hash to it).
@@ -408,6 +409,162 @@ impl<K: LockKey> LockRegistry<K> {
         Ok(shard.guard(key, granted))
     }
 
+    /// Waits for every key of `keys` and returns a guard that holds them all, exclusively,
+    /// until dropped: for work on several keys at once, such as a transfer between two
+    /// accounts. It never deadlocks, whatever order callers list the keys in.
+    ///
+    /// Duplicates count once, and an empty set is granted at once. The request takes its
+    /// place in the queue of each of its keys in one step of the registry and is granted when
+    /// it is first in all of them, so FIFO holds on each key as for [`lock`](Self::lock), and
+    /// requests cannot wait for each other in a cycle: the earliest waiting request waits
+    /// only for holders. While it waits, its keys are not held, but later requests for them
+    /// queue behind it.
+    ///
+    /// With [`shards`](RegistryBuilder::shards), each shard's keys are taken in one step of
+    /// that shard, shard after shard in ascending order, and the keys of earlier shards are
+    /// held while later ones are awaited. Every multi-key request follows the same order, so
+    /// this is deadlock-free too.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. Dropping the future at any point withdraws the request from every queue
+    /// it is in, in one step, and releases whatever was already granted to it (the keys of
+    /// earlier shards, or a grant in flight). No entry is left behind and no key is stuck.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] if the registry has shut down, or shuts down while this waits;
+    /// any keys already granted are released.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keyed_locks::LockError> {
+    /// let registry = keyed_locks::LockRegistry::spawn();
+    /// let transfer = registry.lock_all(["account:1", "account:2"]).await?;
+    /// // Listing the keys the other way round waits; it cannot deadlock.
+    /// let reverse = registry.lock_all(["account:2", "account:1"]);
+    /// assert!(tokio::time::timeout(Duration::from_millis(10), reverse).await.is_err());
+    /// drop(transfer);
+    /// assert_eq!(registry.lock_all(["account:2", "account:1"]).await?.len(), 2);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_all(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> impl Future<Output = Result<MultiGuard<K>, LockError>> + '_ {
+        // Split now, so that the future does not keep the caller's iterator (which need not
+        // be `Send`).
+        let keys_by_shard = self.keys_by_shard(keys);
+        self.lock_keys_by_shard(keys_by_shard)
+    }
+
+    async fn lock_keys_by_shard(
+        &self,
+        keys_by_shard: Vec<(usize, KeySet<K>)>,
+    ) -> Result<MultiGuard<K>, LockError> {
+        let mut guard = MultiGuard::new();
+        for (shard, keys) in keys_by_shard {
+            let shard = &self.shards[shard];
+            let keys_held = keys.as_slice().to_vec();
+            let granted = match shard.acquire_all(keys) {
+                Acquiring::Granted(granted) => granted,
+                Acquiring::Waiting(pending) => pending.await.map_err(|_| LockError::Closed)?,
+                Acquiring::WouldBlock | Acquiring::Closed => return Err(LockError::Closed),
+            };
+            guard.push(keys_held, granted.fencing_token, shard.held(granted));
+        }
+        Ok(guard)
+    }
+
+    /// Takes every key of `keys` if all are free right now, without waiting: all of them or
+    /// none. Duplicates count once, and an empty set is granted at once.
+    ///
+    /// A key with waiters is not free: they come first. With
+    /// [`shards`](RegistryBuilder::shards), each shard's keys are tried in one step, shard
+    /// after shard; if a later shard's keys are taken, the earlier ones are released before
+    /// this returns, so another request may have seen them held for that moment.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the future is dropped, whatever was granted to it is released and no
+    /// entry is left behind.
+    ///
+    /// # Errors
+    ///
+    /// [`TryLockError::WouldBlock`] if any key is held or has waiters (nothing is held then),
+    /// [`TryLockError::Closed`] if the registry has shut down.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_locks::TryLockError;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), TryLockError> {
+    /// let registry = keyed_locks::LockRegistry::spawn();
+    /// let one = registry.try_lock(1).await?;
+    /// assert_eq!(registry.try_lock_all([1, 2]).await.unwrap_err(), TryLockError::WouldBlock);
+    /// drop(one);
+    /// let both = registry.try_lock_all([1, 2]).await?;
+    /// assert_eq!(both.len(), 2);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_lock_all(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> impl Future<Output = Result<MultiGuard<K>, TryLockError>> + '_ {
+        let keys_by_shard = self.keys_by_shard(keys);
+        self.try_lock_keys_by_shard(keys_by_shard)
+    }
+
+    async fn try_lock_keys_by_shard(
+        &self,
+        keys_by_shard: Vec<(usize, KeySet<K>)>,
+    ) -> Result<MultiGuard<K>, TryLockError> {
+        let mut guard = MultiGuard::new();
+        for (shard, keys) in keys_by_shard {
+            let shard = &self.shards[shard];
+            let keys_held = keys.as_slice().to_vec();
+            let granted = match shard.try_acquire_all(keys) {
+                Acquiring::Granted(granted) => granted,
+                Acquiring::Waiting(pending) => pending.await.map_err(|refused| match refused {
+                    NotGranted::WouldBlock => TryLockError::WouldBlock,
+                    NotGranted::Closed => TryLockError::Closed,
+                })?,
+                Acquiring::WouldBlock => return Err(TryLockError::WouldBlock),
+                Acquiring::Closed => return Err(TryLockError::Closed),
+            };
+            guard.push(keys_held, granted.fencing_token, shard.held(granted));
+        }
+        Ok(guard)
+    }
+
+    /// The distinct keys of `keys`, split by the shard that owns them, in ascending shard
+    /// order: the one order every multi-key request takes shards in.
+    fn keys_by_shard(&self, keys: impl IntoIterator<Item = K>) -> Vec<(usize, KeySet<K>)> {
+        let Some(keys) = KeySet::new(keys) else {
+            return Vec::new();
+        };
+        if self.shards.len() == 1 {
+            return vec![(0, keys)];
+        }
+        let mut by_shard: Vec<Vec<K>> = vec![Vec::new(); self.shards.len()];
+        for key in keys.into_vec() {
+            by_shard[self.router.shard_of(&key)].push(key);
+        }
+        by_shard
+            .into_iter()
+            .enumerate()
+            .filter_map(|(shard, keys)| Some((shard, KeySet::new(keys)?)))
+            .collect()
+    }
+
     /// The registry's counts, taken after every request sent before this one. With several
     /// shards, the sum of every shard's counts, each taken when that shard answers.
     ///
@@ -735,6 +892,24 @@ impl<K: LockKey> Shard<K> {
             permits,
             delivery: grant.map_or(Delivery::Caller, Delivery::Channel),
         })
+    }
+
+    /// Asks for every key of `keys`, all of this shard's, exclusively and at once.
+    fn acquire_all(&self, keys: KeySet<K>) -> Acquiring<'_, K> {
+        self.acquire_with(|grant| Request::AcquireAll {
+            keys,
+            delivery: grant.map_or(Delivery::Caller, Delivery::Channel),
+        })
+    }
+
+    /// As [`acquire_all`](Self::acquire_all), for keys that are taken only if all are free.
+    fn try_acquire_all(&self, keys: KeySet<K>) -> Acquiring<'_, K> {
+        self.acquire_with(|grant| Request::TryAcquireAll { keys, grant })
+    }
+
+    /// The hold of a grant made by this shard, to put in a guard.
+    fn held(&self, granted: Granted) -> HeldGrant<K> {
+        HeldGrant::new(granted.waiter_id, self.requests.clone())
     }
 
     /// As [`acquire`](Self::acquire), for a key that is taken only if free.

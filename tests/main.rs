@@ -13,6 +13,7 @@ mod exhaustive_small_scope;
 mod fencing_tokens;
 mod fifo;
 mod journal;
+mod lock_all;
 mod message_api;
 mod mutual_exclusion;
 mod no_leak;

@@ -1,6 +1,6 @@
 //! Keys with several permits: shared locks, permit guards and exclusive locks share a key in
 //! strict FIFO, never more permits are held than a key has, and every cancel-safety promise
-//! holds in every mode, in both execution modes and with shards.
+//! holds in every mode (multi-key locks included), in both execution modes and with shards.
 
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::Arc;
@@ -225,20 +225,17 @@ async fn timeouts_on_every_kind_of_request_leave_no_entry() {
             tokio::spawn(async move {
                 let key = task % 4;
                 let patience = Duration::from_micros(u64::from(task % 7) * 50);
-                let guard = match task % 3 {
-                    0 => timeout(patience, registry.lock(key))
-                        .await
-                        .map(Result::unwrap),
-                    1 => timeout(patience, registry.lock_shared(key))
-                        .await
-                        .map(Result::unwrap),
-                    _ => timeout(patience, registry.acquire(key, 1 + task % 3))
-                        .await
-                        .map(Result::unwrap),
-                };
-                if let Ok(guard) = guard {
-                    tokio::task::yield_now().await;
-                    drop(guard);
+                match task % 4 {
+                    0 => hold_briefly(timeout(patience, registry.lock(key)).await).await,
+                    1 => hold_briefly(timeout(patience, registry.lock_shared(key)).await).await,
+                    2 => {
+                        let permits = 1 + task % 3;
+                        hold_briefly(timeout(patience, registry.acquire(key, permits)).await).await
+                    }
+                    _ => {
+                        let keys = [key, (key + 1) % 4, (key + 2) % 4];
+                        hold_briefly(timeout(patience, registry.lock_all(keys)).await).await
+                    }
                 }
             })
         });
@@ -254,6 +251,17 @@ async fn timeouts_on_every_kind_of_request_leave_no_entry() {
     }
 }
 
+/// Holds a guard that came in time across a yield, then drops it; nothing if it came late.
+async fn hold_briefly<G, E: std::fmt::Debug>(
+    attempt: Result<Result<G, E>, tokio::time::error::Elapsed>,
+) {
+    if let Ok(guard) = attempt {
+        let guard = guard.unwrap();
+        tokio::task::yield_now().await;
+        drop(guard);
+    }
+}
+
 /// Tasks aborted at any point of any kind of request, and `select!` branches that lose to a
 /// timer, in every mode: nothing is left, and no key is stuck.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,10 +273,15 @@ async fn aborted_tasks_and_losing_select_branches_leave_no_entry() {
                 tokio::spawn(async move {
                     let key = task % 3;
                     let request = async {
-                        match task % 3 {
+                        match task % 4 {
                             0 => registry.lock(key).await.map(drop).map_err(drop),
                             1 => registry.lock_shared(key).await.map(drop).map_err(drop),
-                            _ => registry.acquire(key, 2).await.map(drop).map_err(drop),
+                            2 => registry.acquire(key, 2).await.map(drop).map_err(drop),
+                            _ => registry
+                                .lock_all([(key + 1) % 3, key])
+                                .await
+                                .map(drop)
+                                .map_err(drop),
                         }
                     };
                     tokio::select! {

@@ -231,6 +231,11 @@ impl<K> KeySet<K> {
     pub fn as_slice(&self) -> &[K] {
         &self.0
     }
+
+    /// The keys, in order of first appearance.
+    pub fn into_vec(self) -> Vec<K> {
+        self.0.into_vec()
+    }
 }
 
 /// One key's state.

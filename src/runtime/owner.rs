@@ -23,7 +23,7 @@ use crate::request::{Delivery, MessageReply, Outcome, Request, WeakRequestSender
 use crate::run_token::{CALLER_SERVE_BOUND, Entry, Owned};
 use crate::shard::ShardRouter;
 use crate::stats::RegistryStats;
-use crate::table::{Acquired, Grant, Permits, WaiterId};
+use crate::table::{Acquired, Grant, KeySet, Permits, WaiterId, WouldBlock};
 
 /// A registry shard's state: its lock table and what it needs to deliver grants. Reached
 /// only through the run token.
@@ -165,6 +165,8 @@ impl<K: LockKey> Owner<K> {
                 permits,
                 grant,
             } => self.try_acquire(key, permits, grant, effects),
+            Request::AcquireAll { keys, delivery } => self.acquire_all(keys, delivery, effects),
+            Request::TryAcquireAll { keys, grant } => self.try_acquire_all(keys, grant, effects),
             Request::Release { waiter_id } => {
                 self.stamp_time();
                 self.release(waiter_id);
@@ -239,6 +241,35 @@ impl<K: LockKey> Owner<K> {
             None => self.table.acquire(key, delivery),
             Some(permits) => self.table.acquire_permits(key, permits, delivery),
         };
+        self.grant_or_queue(acquired, effects)
+    }
+
+    fn acquire_all(
+        &mut self,
+        keys: KeySet<K>,
+        delivery: Delivery<K>,
+        effects: &mut Effects<K>,
+    ) -> Outcome<K> {
+        if let Delivery::Channel(grant) = &delivery
+            && grant.is_abandoned()
+        {
+            debug!(keys = ?keys.as_slice(), "acquire of several keys withdrawn before it arrived");
+            return Outcome::Done;
+        }
+        debug!(keys = ?keys.as_slice(), "acquire of several keys");
+        self.stamp_time();
+        let acquired = self.table.acquire_all(keys, delivery);
+        self.grant_or_queue(acquired, effects)
+    }
+
+    /// What an acquire does once the table has answered: a grant is delivered; a queued
+    /// request gets a grant channel, or is withdrawn if its caller gave up meanwhile.
+    #[inline]
+    fn grant_or_queue(
+        &mut self,
+        acquired: Acquired<Delivery<K>>,
+        effects: &mut Effects<K>,
+    ) -> Outcome<K> {
         match acquired {
             Acquired::Granted(grant) => self.granted.push(grant),
             Acquired::Queued(waiter_id) => match self.table.delivery_mut(waiter_id) {
@@ -279,6 +310,36 @@ impl<K: LockKey> Owner<K> {
             None => self.table.try_acquire(key),
             Some(permits) => self.table.try_acquire_permits(key, permits),
         };
+        self.grant_or_refuse(taken, grant, effects)
+    }
+
+    fn try_acquire_all(
+        &mut self,
+        keys: KeySet<K>,
+        grant: Option<grant::GrantSender>,
+        effects: &mut Effects<K>,
+    ) -> Outcome<K> {
+        if let Some(grant) = &grant
+            && grant.is_abandoned()
+        {
+            debug!(keys = ?keys.as_slice(), "try acquire of several keys withdrawn before it arrived");
+            return Outcome::Done;
+        }
+        debug!(keys = ?keys.as_slice(), "try acquire of several keys");
+        self.stamp_time();
+        let taken = self.table.try_acquire_all(keys);
+        self.grant_or_refuse(taken, grant, effects)
+    }
+
+    /// What a try-acquire does once the table has answered: a grant is delivered like any
+    /// other; a refusal is told to the caller.
+    #[inline]
+    fn grant_or_refuse(
+        &mut self,
+        taken: Result<Grant<()>, WouldBlock>,
+        grant: Option<grant::GrantSender>,
+        effects: &mut Effects<K>,
+    ) -> Outcome<K> {
         match (taken, grant) {
             // Delivered like any grant, so a caller that gave up meanwhile releases it at once.
             (Ok(granted), grant) => self.granted.push(Grant {
@@ -310,7 +371,7 @@ impl<K: LockKey> Owner<K> {
         }) = self.granted.pop()
         {
             let fencing_token = self.registry_token(fencing_token);
-            debug!(key = ?self.table.table().key_of(waiter_id), fencing_token, "grant");
+            debug!(keys = ?self.table.table().keys_of(waiter_id), fencing_token, "grant");
             let granted = Granted {
                 waiter_id,
                 fencing_token,

@@ -16,7 +16,7 @@ use crate::journal::JournalEvent;
 use crate::owner::Owner;
 use crate::run_token;
 use crate::stats::RegistryStats;
-use crate::table::{Permits, WaiterId};
+use crate::table::{KeySet, Permits, WaiterId};
 
 /// One request to a registry shard's owner.
 #[derive(Debug)]
@@ -33,6 +33,18 @@ pub(crate) enum Request<K: LockKey> {
     TryAcquire {
         key: K,
         permits: Option<Permits>,
+        grant: Option<GrantSender>,
+    },
+    /// A [`lock_all`](crate::LockRegistry::lock_all) call, for this shard's keys of it:
+    /// grant all of `keys` at once, exclusively, in turn.
+    AcquireAll {
+        keys: KeySet<K>,
+        delivery: Delivery<K>,
+    },
+    /// A [`try_lock_all`](crate::LockRegistry::try_lock_all) call, for this shard's keys of
+    /// it: grant all of `keys` if all are free, else answer would-block.
+    TryAcquireAll {
+        keys: KeySet<K>,
         grant: Option<GrantSender>,
     },
     /// A guard's drop, or a `lock` call dropped with its grant in flight.
