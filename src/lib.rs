@@ -35,6 +35,10 @@
 //!   with its grant in flight, leaves nothing behind and never wedges the key.
 //! - **Every exit releases**: a [`KeyGuard`] releases on drop, on panic and on abort,
 //!   without awaiting.
+//! - **Shared locks, permits and several keys at once**: [`lock_shared`](LockRegistry::lock_shared)
+//!   and [`acquire`](LockRegistry::acquire) share a key's permits in the same FIFO;
+//!   [`lock_all`](LockRegistry::lock_all) holds every key of a set or none, and cannot
+//!   deadlock whatever order callers list the keys in.
 //! - **Fencing tokens**: every grant carries a token greater than all earlier ones (with
 //!   [`shards`](RegistryBuilder::shards): greater than all earlier ones of its key, and never
 //!   repeated).
