@@ -969,7 +969,7 @@ impl<K: LockKey> Shard<K> {
             .ask(
                 |reply| Request::Journal { reply },
                 |outcome| match outcome {
-                    Outcome::Journal(journal) => Some(journal),
+                    Outcome::Journal(journal) => Some(*journal),
                     _ => None,
                 },
             )

@@ -198,7 +198,7 @@ impl<K: LockKey> Owner<K> {
             Request::Journal { reply } => {
                 let journal = self.table.journal();
                 match reply {
-                    None => Outcome::Journal(journal),
+                    None => Outcome::Journal(Box::new(journal)),
                     Some(reply) => {
                         let _ = reply.send(journal);
                         Outcome::Done
@@ -363,7 +363,9 @@ impl<K: LockKey> Owner<K> {
     /// Returns the caller's own grant, if the step made one.
     #[inline]
     fn deliver_grants(&mut self, effects: &mut Effects<K>) -> Outcome<K> {
-        let mut outcome = Outcome::Done;
+        // The caller's own grant, if any; an `Outcome` is made once at the end, because
+        // overwriting one would run its drop for nothing on every lock.
+        let mut own_grant = None;
         while let Some(Grant {
             waiter_id,
             fencing_token,
@@ -377,7 +379,7 @@ impl<K: LockKey> Owner<K> {
                 fencing_token,
             };
             match delivery {
-                Delivery::Caller => outcome = Outcome::Granted(granted),
+                Delivery::Caller => own_grant = Some(granted),
                 Delivery::Channel(sender) => match sender.grant(granted) {
                     Ok(waker) => {
                         if let Some(waker) = waker {
@@ -394,7 +396,10 @@ impl<K: LockKey> Owner<K> {
                 }
             }
         }
-        outcome
+        match own_grant {
+            Some(granted) => Outcome::Granted(granted),
+            None => Outcome::Done,
+        }
     }
 
     /// The guard for a grant made to a kameo message, with its registry-wide fencing token;

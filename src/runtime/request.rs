@@ -106,8 +106,9 @@ pub(crate) enum Outcome<K: LockKey> {
     WouldBlock,
     /// The counts asked for.
     Stats(RegistryStats),
-    /// The journal asked for.
-    Journal(Journal<K>),
+    /// The journal asked for. Boxed: journals are asked for rarely, and a small `Outcome`
+    /// keeps its drop, which every lock and release runs, small.
+    Journal(Box<Journal<K>>),
 }
 
 /// The sending end, held by handles and guards. The actor runs until every sender is gone.
