@@ -460,25 +460,12 @@ impl<K: LockKey> LockRegistry<K> {
         // Split now, so that the future does not keep the caller's iterator (which need not
         // be `Send`).
         let keys_by_shard = self.keys_by_shard(keys);
-        self.lock_keys_by_shard(keys_by_shard)
-    }
-
-    async fn lock_keys_by_shard(
-        &self,
-        keys_by_shard: Vec<(usize, KeySet<K>)>,
-    ) -> Result<MultiGuard<K>, LockError> {
-        let mut guard = MultiGuard::new();
-        for (shard, keys) in keys_by_shard {
-            let shard = &self.shards[shard];
-            let keys_held = keys.as_slice().to_vec();
-            let granted = match shard.acquire_all(keys) {
-                Acquiring::Granted(granted) => granted,
-                Acquiring::Waiting(pending) => pending.await.map_err(|_| LockError::Closed)?,
-                Acquiring::WouldBlock | Acquiring::Closed => return Err(LockError::Closed),
-            };
-            guard.push(keys_held, granted.fencing_token, shard.held(granted));
+        async move {
+            // A waiting request ends only in a grant or a close.
+            self.take_keys_by_shard(keys_by_shard, Wait::Yes)
+                .await
+                .map_err(|_| LockError::Closed)
         }
-        Ok(guard)
     }
 
     /// Takes every key of `keys` if all are free right now, without waiting: all of them or
@@ -520,18 +507,25 @@ impl<K: LockKey> LockRegistry<K> {
         keys: impl IntoIterator<Item = K>,
     ) -> impl Future<Output = Result<MultiGuard<K>, TryLockError>> + '_ {
         let keys_by_shard = self.keys_by_shard(keys);
-        self.try_lock_keys_by_shard(keys_by_shard)
+        self.take_keys_by_shard(keys_by_shard, Wait::No)
     }
 
-    async fn try_lock_keys_by_shard(
+    /// Takes each shard's keys in turn, in the order given, waiting for them or not; on an
+    /// error, what was taken is released as the guard under construction drops.
+    async fn take_keys_by_shard(
         &self,
         keys_by_shard: Vec<(usize, KeySet<K>)>,
+        wait: Wait,
     ) -> Result<MultiGuard<K>, TryLockError> {
         let mut guard = MultiGuard::new();
         for (shard, keys) in keys_by_shard {
             let shard = &self.shards[shard];
             let keys_held = keys.as_slice().to_vec();
-            let granted = match shard.try_acquire_all(keys) {
+            let acquiring = match wait {
+                Wait::Yes => shard.acquire_all(keys),
+                Wait::No => shard.try_acquire_all(keys),
+            };
+            let granted = match acquiring {
                 Acquiring::Granted(granted) => granted,
                 Acquiring::Waiting(pending) => pending.await.map_err(|refused| match refused {
                     NotGranted::WouldBlock => TryLockError::WouldBlock,
@@ -866,6 +860,13 @@ impl<K: LockKey> LockRegistry<K> {
     fn shard_for(&self, key: &K) -> &Shard<K> {
         &self.shards[self.router.shard_of(key)]
     }
+}
+
+/// Whether a multi-key request waits for its keys or takes them only if free.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    Yes,
+    No,
 }
 
 /// Where an acquire stands once the owner has seen it, or queued it.
