@@ -4,25 +4,35 @@
 //!
 //! # What the model is
 //!
-//! A capacity (the permits of each key) and, per key, a list of holders with the permits each
-//! holds and a list of waiters in order of arrival with the permits each asks for; a counter
-//! of arrivals (the table's [`WaiterId`]s are arrival numbers) and one of fencing tokens. A
-//! test makes calls on a [`ReferenceModel`] as it would on a table (`acquire`,
-//! `acquire_permits`, `try_acquire`, `try_acquire_permits`, `release`, `cancel`, `shutdown`);
+//! A capacity (the permits of each key), a list of holders in order of grant, each with the
+//! keys it holds and the permits it holds of each, and a list of waiting requests in order of
+//! arrival, each with the keys and permits it asks for; a counter of arrivals (the table's
+//! [`WaiterId`]s are arrival numbers) and one of fencing tokens. A request for one key has one
+//! key; a request for several keys at once (`acquire_all`) has them all, each once, and asks
+//! for every permit of each. There are no per-key queues: a key's queue is the waiting
+//! requests that name it, in the order of the one list. A test makes calls on a
+//! [`ReferenceModel`] as it would on a table (`acquire`, `acquire_permits`, `acquire_all`,
+//! `try_acquire`, `try_acquire_permits`, `try_acquire_all`, `release`, `cancel`, `shutdown`);
 //! each call appends to the model's journal the events a correct table records for it (the
 //! call, then the grants, would-blocks, closes and refusals it causes) and remembers the
-//! model's keys after it. Any waiter id can be named, so the model also says how the table
+//! model's state after it. Any waiter id can be named, so the model also says how the table
 //! refuses a release or cancel that makes no sense.
 //!
-//! The rules, each in one place below: a request *fits* when the permits its key's holders
-//! hold plus the ones it asks for are at most the capacity (an exclusive request asks for all
-//! of them). A request is granted at once only if its key has no waiter and it fits, and
-//! queues otherwise. After a release or a cancel, the key's waiters are granted from the
-//! front while the front one fits, stopping at the first that does not (strict FIFO: a big
-//! request at the front holds back smaller ones behind it, and its cancel lets through those
-//! that now fit). A try-acquire is granted under the same condition as an acquire, and
-//! otherwise would block without queueing. With a capacity of 1 every request is exclusive,
-//! and these are the rules of a plain lock.
+//! The rules, each in one place below: a request *fits* on a key when the permits that key's
+//! holders hold plus the ones it asks for are at most the capacity (an exclusive request, and
+//! a request for several keys, asks for all of them). A request is granted at once only if,
+//! on every key it asks for, nobody waits and it fits; it queues otherwise, behind everyone
+//! who waits, as one request however many keys it names. After a release or a cancel, the
+//! waiting requests are gone through once, in order of arrival, and each one is granted if,
+//! on every key it asks for, no earlier request still waits and it fits (the holders granted
+//! earlier in the same pass included). So on each key the waiters are granted from the front
+//! while the front one can be, stopping at the first that cannot (strict FIFO: a big request
+//! at the front holds back smaller ones behind it, and its cancel lets through those that now
+//! fit), and a request for several keys goes once it is first on all of them. The grants of
+//! one call come out in order of arrival, with consecutive fencing tokens. A try-acquire is
+//! granted under the same condition as an acquire, and otherwise would block without
+//! queueing or taking an id. A set of one key is a plain exclusive request and is recorded as
+//! one. With a capacity of 1 and one key per request, these are the rules of a plain lock.
 //!
 //! # How the table is checked
 //!
@@ -30,19 +40,25 @@
 //!
 //! 1. Outputs, through replay: [`keyed_locks::replay::verify`] feeds the journal's inputs to a
 //!    fresh table and compares every event. Mutual exclusion, the capacity, FIFO, the waiter
-//!    ids, the fencing tokens, the order of closes at shutdown and every refusal show up here
-//!    first, as the first event the table records differently, with its sequence number.
-//! 2. State after every call: the same inputs fed one at a time to a `JournaledTable` of the
-//!    model's capacity, whose `check_invariants()`, `stats()` (keys, held keys, holders,
-//!    permits held, waiting, grants), entries (`contains_key`, so no entry without a holder
-//!    or a waiter and none missing), holders and waiters (`key_of`, `delivery_of`) must match
-//!    the model after each call, and whose deliveries come back to the waiter that brought
-//!    them, from a grant, a cancel or a close.
+//!    ids, the fencing tokens and their order within a call, the order of closes at shutdown
+//!    and every refusal show up here first, as the first event the table records differently,
+//!    with its sequence number.
+//! 2. State after every call: the same calls made one at a time on a `JournaledTable` of the
+//!    model's capacity, the keys of `acquire_all` and `try_acquire_all` as the caller listed
+//!    them (duplicates included, so the table's own removal of duplicates and its handling of
+//!    a set of one key are checked too). After each call the events the table recorded for it
+//!    must be the model's, what the call returned must agree with the model (the key a
+//!    release or a cancel returns is the first key of the request), and the table's
+//!    `check_invariants()`, `stats()` (keys, held keys, holders, permits held, waiting,
+//!    grants), entries (`contains_key`, so no entry without a holder or a waiter and none
+//!    missing), holders and waiters (`key_of`, `keys_of`, `delivery_of`, and no record for an
+//!    id the model no longer has) must match the model; deliveries come back to the waiter
+//!    that brought them, from a grant, a cancel or a close.
 //! 3. On the table's own journal: fencing tokens strictly increase, and, if the script ends
 //!    with nothing held, every waiter that arrived was granted, cancelled or closed
 //!    (liveness), read off the table's events rather than the model's.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -50,44 +66,94 @@ use keyed_locks::journal::{
     Journal, JournalEntry, JournalEvent, JournaledTable, Refusal, format_waiter,
 };
 use keyed_locks::replay::verify;
-use keyed_locks::table::{Acquired, WaiterId};
+use keyed_locks::table::{Acquired, KeySet, WaiterId};
 use keyed_locks::trace::{IntegerKeys, write_trace};
 
-/// A holder and the permits it holds, or a waiter and the permits it asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A holder, with the keys it holds and the permits it holds of each, or a waiting request,
+/// with the keys it asks for and the permits it asks for of each.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Request {
     waiter: WaiterId,
+    /// One key, or the keys of a request for several at once: each once, in the order the
+    /// caller first listed them.
+    keys: Vec<u64>,
     permits: u32,
 }
 
-/// One key as the rules describe it.
+impl Request {
+    fn names(&self, key: u64) -> bool {
+        self.keys.contains(&key)
+    }
+}
+
+/// Everything the rules talk about, as one call leaves it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct ModelKey {
+struct State {
     /// In order of grant.
     holders: Vec<Request>,
     /// In order of arrival.
-    waiters: Vec<Request>,
+    waiting: Vec<Request>,
+    /// Every key a call named, free ones included, so that a leaked entry is looked for too.
+    named: BTreeSet<u64>,
 }
 
-impl ModelKey {
-    fn holders_and_waiters(&self) -> usize {
-        self.holders.len() + self.waiters.len()
+impl State {
+    /// The permits `key`'s holders hold.
+    fn permits_held(&self, key: u64) -> u32 {
+        self.holders
+            .iter()
+            .filter(|holder| holder.names(key))
+            .map(|holder| holder.permits)
+            .sum()
     }
 
-    fn permits_held(&self) -> u32 {
-        self.holders.iter().map(|holder| holder.permits).sum()
+    /// Whether some request waits for `key`.
+    fn is_awaited(&self, key: u64) -> bool {
+        self.waiting.iter().any(|request| request.names(key))
+    }
+
+    /// Keys with a holder or a waiter: the keys a table has entries for.
+    fn keys_in_use(&self) -> BTreeSet<u64> {
+        self.holders
+            .iter()
+            .chain(&self.waiting)
+            .flat_map(|request| request.keys.iter().copied())
+            .collect()
+    }
+
+    /// Keys with a holder.
+    fn keys_held(&self) -> BTreeSet<u64> {
+        self.holders
+            .iter()
+            .flat_map(|holder| holder.keys.iter().copied())
+            .collect()
+    }
+
+    /// `waiter`'s request, and whether it holds; `None` once it is gone.
+    fn find(&self, waiter: WaiterId) -> Option<(&Request, bool)> {
+        let is_waiter = |request: &&Request| request.waiter == waiter;
+        match self.holders.iter().find(is_waiter) {
+            Some(holder) => Some((holder, true)),
+            None => self
+                .waiting
+                .iter()
+                .find(is_waiter)
+                .map(|request| (request, false)),
+        }
     }
 }
 
-/// Every key the script named, free ones included, so that a leaked entry is looked for too.
-type ModelKeys = BTreeMap<u64, ModelKey>;
-
-/// Where one call's events end in the journal, and the keys as the call left them.
+/// Where one call's events end in the journal, and the model as the call left it.
 #[derive(Debug, Clone)]
 struct CallEnd {
     events_end: usize,
-    keys: ModelKeys,
+    state: State,
+    /// The arrival number the next acquirer would get: every id below it was issued.
+    next_arrival: u64,
     grants: u64,
+    /// For `acquire_all` and `try_acquire_all`, the keys as the caller listed them,
+    /// duplicates included: the journal has them without duplicates.
+    listed: Option<Vec<u64>>,
 }
 
 /// The deliberately naive reference: see the [module docs](self).
@@ -95,7 +161,7 @@ struct CallEnd {
 pub struct ReferenceModel {
     /// The permits of each key; an exclusive request asks for all of them.
     capacity: u32,
-    keys: ModelKeys,
+    state: State,
     /// The arrival number of the next acquirer: the table's [`WaiterId`].
     next_arrival: u64,
     next_fencing_token: u64,
@@ -116,7 +182,7 @@ impl ReferenceModel {
         };
         ReferenceModel {
             capacity,
-            keys: ModelKeys::new(),
+            state: State::default(),
             next_arrival: 1,
             next_fencing_token: 1,
             events,
@@ -128,27 +194,41 @@ impl ReferenceModel {
     pub fn acquire(&mut self, key: u64) -> WaiterId {
         let waiter = self.arrival_id();
         self.events.push(JournalEvent::Acquire { waiter, key });
-        self.grant_or_queue(key, self.capacity);
-        self.end_call();
+        self.grant_or_queue(vec![key], self.capacity);
+        self.end_call(None);
         waiter
     }
 
     /// Asks for `permits` of `key`'s permits (1 is a shared lock) and returns the acquirer's
     /// id.
     pub fn acquire_permits(&mut self, key: u64, permits: u32) -> WaiterId {
-        assert!(
-            (1..=self.capacity).contains(&permits),
-            "{permits} permits of {}: the table refuses to make that request",
-            self.capacity
-        );
+        self.assert_takes(permits);
         let waiter = self.arrival_id();
         self.events.push(JournalEvent::AcquirePermits {
             waiter,
             key,
             permits,
         });
-        self.grant_or_queue(key, permits);
-        self.end_call();
+        self.grant_or_queue(vec![key], permits);
+        self.end_call(None);
+        waiter
+    }
+
+    /// Asks for every permit of every key of `listed`, all at once, and returns the
+    /// acquirer's id: one request however many keys, recorded as a plain `acquire` if
+    /// `listed` names one key only.
+    pub fn acquire_all(&mut self, listed: &[u64]) -> WaiterId {
+        let keys = distinct(listed);
+        let waiter = self.arrival_id();
+        self.events.push(match keys[..] {
+            [key] => JournalEvent::Acquire { waiter, key },
+            _ => JournalEvent::AcquireAll {
+                waiter,
+                keys: keys.clone(),
+            },
+        });
+        self.grant_or_queue(keys, self.capacity);
+        self.end_call(Some(listed.to_vec()));
         waiter
     }
 
@@ -156,66 +236,76 @@ impl ReferenceModel {
     /// (a would-block, which names nobody).
     pub fn try_acquire(&mut self, key: u64) -> Option<WaiterId> {
         self.events.push(JournalEvent::TryAcquire { key });
-        let taken = self.grant_or_refuse(key, self.capacity);
-        self.end_call();
+        let taken = self.grant_or_refuse(vec![key], self.capacity);
+        self.end_call(None);
         taken
     }
 
     /// Takes `permits` of `key`'s permits if they can be granted now; the new holder's id, or
     /// `None` (a would-block).
     pub fn try_acquire_permits(&mut self, key: u64, permits: u32) -> Option<WaiterId> {
-        assert!(
-            (1..=self.capacity).contains(&permits),
-            "{permits} permits of {}: the table refuses to make that request",
-            self.capacity
-        );
+        self.assert_takes(permits);
         self.events
             .push(JournalEvent::TryAcquirePermits { key, permits });
-        let taken = self.grant_or_refuse(key, permits);
-        self.end_call();
+        let taken = self.grant_or_refuse(vec![key], permits);
+        self.end_call(None);
         taken
     }
 
-    /// Releases `waiter`'s hold and grants its key's waiters from the front while they fit. A
-    /// waiter that does not hold is refused and nothing changes.
+    /// Takes every permit of every key of `listed` if all can be granted now; the new
+    /// holder's id, or `None` (a would-block). Recorded as a plain `try_acquire` if `listed`
+    /// names one key only.
+    pub fn try_acquire_all(&mut self, listed: &[u64]) -> Option<WaiterId> {
+        let keys = distinct(listed);
+        self.events.push(match keys[..] {
+            [key] => JournalEvent::TryAcquire { key },
+            _ => JournalEvent::TryAcquireAll { keys: keys.clone() },
+        });
+        let taken = self.grant_or_refuse(keys, self.capacity);
+        self.end_call(Some(listed.to_vec()));
+        taken
+    }
+
+    /// Releases `waiter`'s hold on all its keys and grants what can now be granted. A waiter
+    /// that does not hold is refused and nothing changes.
     pub fn release(&mut self, waiter: WaiterId) {
         self.events.push(JournalEvent::Release { waiter });
-        match self.find(waiter) {
-            Some((key, true)) => {
-                let model_key = self.keys.get_mut(&key).expect("a found key");
-                model_key.holders.retain(|holder| holder.waiter != waiter);
-                self.grant_from_the_front(key);
+        match self.state.find(waiter) {
+            Some((_, true)) => {
+                self.state.holders.retain(|holder| holder.waiter != waiter);
+                self.grant_in_order_of_arrival();
             }
             Some((_, false)) => self.refuse(waiter, Refusal::NotHolding),
             None => self.refuse(waiter, Refusal::Unknown),
         }
-        self.end_call();
+        self.end_call(None);
     }
 
-    /// Withdraws the queued `waiter` and grants its key's waiters from the front while they
-    /// fit: if `waiter` was a big request at the front, the ones behind it that fit now go
-    /// through. A waiter that does not wait is refused and nothing changes.
+    /// Withdraws the queued `waiter` from all its keys and grants what can now be granted: if
+    /// `waiter` was a big request at the front, or a request for several keys that was not
+    /// first on all of them, the ones behind it that can go now go through. A waiter that
+    /// does not wait is refused and nothing changes.
     pub fn cancel(&mut self, waiter: WaiterId) {
         self.events.push(JournalEvent::Cancel { waiter });
-        match self.find(waiter) {
-            Some((key, false)) => {
-                let model_key = self.keys.get_mut(&key).expect("a found key");
-                model_key.waiters.retain(|queued| queued.waiter != waiter);
-                self.grant_from_the_front(key);
+        match self.state.find(waiter) {
+            Some((_, false)) => {
+                self.state.waiting.retain(|queued| queued.waiter != waiter);
+                self.grant_in_order_of_arrival();
             }
             Some((_, true)) => self.refuse(waiter, Refusal::NotWaiting),
             None => self.refuse(waiter, Refusal::Unknown),
         }
-        self.end_call();
+        self.end_call(None);
     }
 
-    /// Closes every waiter, in order of arrival across keys, and forgets every hold.
+    /// Closes every waiting request once, in order of arrival, and forgets every hold.
     pub fn shutdown(&mut self) {
         self.events.push(JournalEvent::Shutdown);
         let mut waiting: Vec<WaiterId> = self
-            .keys
-            .values()
-            .flat_map(|key| key.waiters.iter().map(|queued| queued.waiter))
+            .state
+            .waiting
+            .iter()
+            .map(|request| request.waiter)
             .collect();
         waiting.sort_unstable();
         self.events.extend(
@@ -223,10 +313,9 @@ impl ReferenceModel {
                 .into_iter()
                 .map(|waiter| JournalEvent::Closed { waiter }),
         );
-        self.keys
-            .values_mut()
-            .for_each(|key| *key = ModelKey::default());
-        self.end_call();
+        self.state.holders.clear();
+        self.state.waiting.clear();
+        self.end_call(None);
     }
 
     /// Grants so far: the last fencing token handed out.
@@ -234,20 +323,22 @@ impl ReferenceModel {
         self.next_fencing_token - 1
     }
 
-    /// Every key's holders, in key order, each key's in order of grant.
+    /// Every holder once, by its first key, those of one first key in order of grant.
     pub fn holders(&self) -> Vec<WaiterId> {
-        self.keys
-            .values()
-            .flat_map(|key| key.holders.iter().map(|holder| holder.waiter))
-            .collect()
+        let mut holders: Vec<&Request> = self.state.holders.iter().collect();
+        holders.sort_by_key(|holder| holder.keys[0]);
+        holders.into_iter().map(|holder| holder.waiter).collect()
     }
 
-    /// Holders and waiters, key by key, each key's holders first.
+    /// Holders and waiters, by first key, those of one first key holders first (in order of
+    /// grant), then waiters (in order of arrival).
     pub fn live_acquirers(&self) -> Vec<WaiterId> {
-        self.keys
-            .values()
-            .flat_map(|key| key.holders.iter().chain(&key.waiters))
-            .map(|request| request.waiter)
+        let holders = self.state.holders.iter().map(|holder| (holder, 0));
+        let waiting = self.state.waiting.iter().map(|queued| (queued, 1));
+        let mut live: Vec<(&Request, u8)> = holders.chain(waiting).collect();
+        live.sort_by_key(|(request, kind)| (request.keys[0], *kind));
+        live.into_iter()
+            .map(|(request, _)| request.waiter)
             .collect()
     }
 
@@ -256,40 +347,32 @@ impl ReferenceModel {
         (1..self.next_arrival).map(|arrival| WaiterId::new(arrival).expect("counts from 1"))
     }
 
-    /// The key `waiter` holds or waits for, and whether it holds it; `None` once it is gone.
-    pub fn find(&self, waiter: WaiterId) -> Option<(u64, bool)> {
-        self.keys.iter().find_map(|(key, model_key)| {
-            let is_waiter = |request: &Request| request.waiter == waiter;
-            if model_key.holders.iter().any(is_waiter) {
-                Some((*key, true))
-            } else if model_key.waiters.iter().any(is_waiter) {
-                Some((*key, false))
-            } else {
-                None
-            }
-        })
+    /// The keys `waiter` holds or waits for, and whether it holds them; `None` once it is
+    /// gone.
+    pub fn find(&self, waiter: WaiterId) -> Option<(&[u64], bool)> {
+        self.state
+            .find(waiter)
+            .map(|(request, holds)| (&request.keys[..], holds))
     }
 
     /// The holders of `key`, in order of grant.
     pub fn holders_of(&self, key: u64) -> Vec<WaiterId> {
-        self.keys.get(&key).map_or_else(Vec::new, |model_key| {
-            model_key
-                .holders
-                .iter()
-                .map(|holder| holder.waiter)
-                .collect()
-        })
+        self.state
+            .holders
+            .iter()
+            .filter(|holder| holder.names(key))
+            .map(|holder| holder.waiter)
+            .collect()
     }
 
-    /// The waiters queued on `key`, in order of arrival.
+    /// The requests waiting for `key`, in order of arrival: the key's queue.
     pub fn waiters(&self, key: u64) -> Vec<WaiterId> {
-        self.keys.get(&key).map_or_else(Vec::new, |model_key| {
-            model_key
-                .waiters
-                .iter()
-                .map(|queued| queued.waiter)
-                .collect()
-        })
+        self.state
+            .waiting
+            .iter()
+            .filter(|queued| queued.names(key))
+            .map(|queued| queued.waiter)
+            .collect()
     }
 
     /// The journal a correct table records for the calls so far, numbered from 1.
@@ -307,59 +390,87 @@ impl ReferenceModel {
         }
     }
 
+    fn assert_takes(&self, permits: u32) {
+        assert!(
+            (1..=self.capacity).contains(&permits),
+            "{permits} permits of {}: the table refuses to make that request",
+            self.capacity
+        );
+    }
+
     /// The id of the acquirer arriving now.
     fn arrival_id(&self) -> WaiterId {
         WaiterId::new(self.next_arrival).expect("arrivals count from 1")
     }
 
-    /// Whether `permits` more fit beside `key`'s holders.
-    fn fits(&self, key: u64, permits: u32) -> bool {
-        let held = self.keys.get(&key).map_or(0, ModelKey::permits_held);
-        held + permits <= self.capacity
+    /// Whether `permits` more fit beside the holders of each of `keys`.
+    fn fits_on_each(&self, keys: &[u64], permits: u32) -> bool {
+        keys.iter()
+            .all(|&key| self.state.permits_held(key) + permits <= self.capacity)
     }
 
-    /// Whether a request for `permits` of `key` is granted at once: nobody waits, and it fits.
-    fn grantable_now(&self, key: u64, permits: u32) -> bool {
-        self.waiters(key).is_empty() && self.fits(key, permits)
+    /// Whether a request for `permits` of each of `keys` is granted at once: nobody waits
+    /// for any of them, and it fits on each.
+    fn grantable_now(&self, keys: &[u64], permits: u32) -> bool {
+        keys.iter().all(|&key| !self.state.is_awaited(key)) && self.fits_on_each(keys, permits)
     }
 
-    /// An acquire: the new acquirer holds `key` if it can be granted now, and queues last
+    /// An acquire: the new acquirer holds `keys` if it can be granted now, and queues last
     /// otherwise.
-    fn grant_or_queue(&mut self, key: u64, permits: u32) {
+    fn grant_or_queue(&mut self, keys: Vec<u64>, permits: u32) {
+        self.state.named.extend(keys.iter().copied());
+        let granted_now = self.grantable_now(&keys, permits);
         let request = Request {
             waiter: self.arrive(),
+            keys,
             permits,
         };
-        if self.grantable_now(key, permits) {
-            self.grant(key, request);
+        if granted_now {
+            self.grant(request);
         } else {
-            self.keys.entry(key).or_default().waiters.push(request);
+            self.state.waiting.push(request);
         }
     }
 
     /// A try-acquire: the new holder's id if it can be granted now; a would-block, which takes
     /// no id, otherwise.
-    fn grant_or_refuse(&mut self, key: u64, permits: u32) -> Option<WaiterId> {
-        if self.grantable_now(key, permits) {
+    fn grant_or_refuse(&mut self, keys: Vec<u64>, permits: u32) -> Option<WaiterId> {
+        self.state.named.extend(keys.iter().copied());
+        if self.grantable_now(&keys, permits) {
             let waiter = self.arrive();
-            self.grant(key, Request { waiter, permits });
+            self.grant(Request {
+                waiter,
+                keys,
+                permits,
+            });
             Some(waiter)
         } else {
-            self.events.push(JournalEvent::WouldBlock { key });
+            self.events.push(match keys[..] {
+                [key] => JournalEvent::WouldBlock { key },
+                _ => JournalEvent::WouldBlockAll,
+            });
             None
         }
     }
 
-    /// After a release or a cancel: grants `key`'s waiters from the front while the front one
-    /// fits, and stops at the first that does not, however small the ones behind it are.
-    fn grant_from_the_front(&mut self, key: u64) {
-        while let Some(&first) = self.keys[&key].waiters.first() {
-            if !self.fits(key, first.permits) {
-                break;
+    /// After a release or a cancel: goes through the waiting requests once, in order of
+    /// arrival, and grants each one that no earlier waiting request shares a key with and
+    /// that fits on each of its keys beside the holders so far. The ones left wait on, in
+    /// the same order.
+    fn grant_in_order_of_arrival(&mut self) {
+        let mut still_waiting: Vec<Request> = Vec::new();
+        for request in std::mem::take(&mut self.state.waiting) {
+            let first_on_each = request
+                .keys
+                .iter()
+                .all(|&key| !still_waiting.iter().any(|earlier| earlier.names(key)));
+            if first_on_each && self.fits_on_each(&request.keys, request.permits) {
+                self.grant(request);
+            } else {
+                still_waiting.push(request);
             }
-            self.keys.get_mut(&key).expect("a key").waiters.remove(0);
-            self.grant(key, first);
         }
+        self.state.waiting = still_waiting;
     }
 
     fn arrive(&mut self) -> WaiterId {
@@ -368,42 +479,67 @@ impl ReferenceModel {
         waiter
     }
 
-    fn grant(&mut self, key: u64, request: Request) {
-        self.keys.entry(key).or_default().holders.push(request);
+    fn grant(&mut self, request: Request) {
         self.events.push(JournalEvent::Grant {
             waiter: request.waiter,
             fencing_token: self.next_fencing_token,
         });
         self.next_fencing_token += 1;
+        self.state.holders.push(request);
     }
 
     fn refuse(&mut self, waiter: WaiterId, reason: Refusal) {
         self.events.push(JournalEvent::Refused { waiter, reason });
     }
 
-    fn end_call(&mut self) {
+    fn end_call(&mut self, listed: Option<Vec<u64>>) {
         // The model's own rules, so that a slip in it cannot pass for a finding about the
-        // table: never more permits held than a key has, and never a first waiter that fits.
-        for (key, model_key) in &self.keys {
+        // table: never more permits held than a key has, and never a waiting request that is
+        // first on each of its keys and fits on each.
+        for &key in &self.state.named {
             assert!(
-                model_key.permits_held() <= self.capacity,
+                self.state.permits_held(key) <= self.capacity,
                 "the model holds {} permits of key {key}",
-                model_key.permits_held()
+                self.state.permits_held(key)
             );
-            if let Some(first) = model_key.waiters.first() {
-                assert!(
-                    !self.fits(*key, first.permits),
-                    "the model left {} waiting on key {key} though it fits",
-                    first.waiter
-                );
-            }
+        }
+        for (index, request) in self.state.waiting.iter().enumerate() {
+            let earlier = &self.state.waiting[..index];
+            let first_on_each = request
+                .keys
+                .iter()
+                .all(|&key| !earlier.iter().any(|queued| queued.names(key)));
+            assert!(
+                !(first_on_each && self.fits_on_each(&request.keys, request.permits)),
+                "the model left {} waiting for {:?} though it can be granted",
+                request.waiter,
+                request.keys
+            );
         }
         self.calls.push(CallEnd {
             events_end: self.events.len(),
-            keys: self.keys.clone(),
+            state: self.state.clone(),
+            next_arrival: self.next_arrival,
             grants: self.grants(),
+            listed,
         });
     }
+}
+
+/// The distinct keys of `listed`, in order of first appearance: the set a request for
+/// several keys asks for.
+fn distinct(listed: &[u64]) -> Vec<u64> {
+    let mut keys = Vec::new();
+    for &key in listed {
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    assert!(
+        !keys.is_empty(),
+        "a request for no key: the table refuses to make it"
+    );
+    keys
 }
 
 /// Checks the real table against every call made on `model` (see the module docs); `Err`
@@ -423,21 +559,22 @@ pub fn check_the_table_against(model: &ReferenceModel) -> Result<(), String> {
         JournaledTable::<u64, Option<WaiterId>>::for_permits(capacity, Some(usize::MAX));
     // The capacity event, if any, is the table's own record of how it was made.
     let mut events_start = usize::from(model.capacity > 1);
+    let empty = State::default();
+    let mut before = &empty;
     for (index, call) in model.calls.iter().enumerate() {
         let input = &model.events[events_start];
-        feed(
-            &mut table,
-            input,
-            &model.events[events_start..call.events_end],
-        )
-        .and_then(|()| check_state(&table, call))
-        .map_err(|failure| {
-            format!(
-                "call {index} (`{}`): {failure}",
-                trace_lines(std::iter::once(input))
-            )
-        })?;
+        let events = &model.events[events_start..call.events_end];
+        feed(&mut table, input, call.listed.as_deref(), before)
+            .and_then(|()| check_recorded(&table, events_start, events))
+            .and_then(|()| check_state(&table, call))
+            .map_err(|failure| {
+                format!(
+                    "call {index} (`{}`): {failure}",
+                    trace_lines(std::iter::once(input))
+                )
+            })?;
         events_start = call.events_end;
+        before = &call.state;
     }
 
     let recorded = table.journal();
@@ -465,27 +602,49 @@ pub fn check_the_table_against(model: &ReferenceModel) -> Result<(), String> {
     Ok(())
 }
 
-/// Makes the call `input` names on `table`, as a replay does, and checks that every delivery
-/// the table hands back (in a grant, a cancel or a close) is the one its waiter brought.
-/// `events` are the model's events for the call, `input` first: an acquire brings the id the
-/// model expects the table to give it.
+/// Makes the call `input` names on `table`, and checks what it returns: every delivery the
+/// table hands back (in a grant, a cancel or a close) is the one its waiter brought, and a
+/// release or a cancel that succeeds returns the first key of the request, as `before` (the
+/// model before the call) has it. An acquire brings the id the model expects the table to
+/// give it; `listed`, if given, are the keys of an `acquire_all` or a `try_acquire_all` as the
+/// caller listed them, and the call is made that way even for a set of one key.
 fn feed(
     table: &mut JournaledTable<u64, Option<WaiterId>>,
     input: &JournalEvent<u64>,
-    events: &[JournalEvent<u64>],
+    listed: Option<&[u64]>,
+    before: &State,
 ) -> Result<(), String> {
+    let key_set = |listed: &[u64]| {
+        KeySet::new(listed.iter().copied())
+            .ok_or_else(|| format!("KeySet::new refused the keys {listed:?}"))
+    };
     let mut granted = Vec::new();
-    match input {
-        JournalEvent::Acquire { waiter, key } => {
+    match (input, listed) {
+        (
+            JournalEvent::Acquire { waiter, .. } | JournalEvent::AcquireAll { waiter, .. },
+            Some(listed),
+        ) => {
+            if let Acquired::Granted(grant) = table.acquire_all(key_set(listed)?, Some(*waiter)) {
+                granted.push(grant);
+            }
+        }
+        // A try-acquire waits for nothing, so it brings no delivery to hand back.
+        (JournalEvent::TryAcquire { .. } | JournalEvent::TryAcquireAll { .. }, Some(listed)) => {
+            let _ = table.try_acquire_all(key_set(listed)?);
+        }
+        (JournalEvent::Acquire { waiter, key }, None) => {
             if let Acquired::Granted(grant) = table.acquire(*key, Some(*waiter)) {
                 granted.push(grant);
             }
         }
-        JournalEvent::AcquirePermits {
-            waiter,
-            key,
-            permits,
-        } => {
+        (
+            JournalEvent::AcquirePermits {
+                waiter,
+                key,
+                permits,
+            },
+            None,
+        ) => {
             let permits = table
                 .table()
                 .permits(*permits)
@@ -494,37 +653,52 @@ fn feed(
                 granted.push(grant);
             }
         }
-        // A try-acquire waits for nothing, so it brings no delivery to hand back.
-        JournalEvent::TryAcquire { key } => {
+        (JournalEvent::TryAcquire { key }, None) => {
             let _ = table.try_acquire(*key);
         }
-        JournalEvent::TryAcquirePermits { key, permits } => {
+        (JournalEvent::TryAcquirePermits { key, permits }, None) => {
             let permits = table
                 .table()
                 .permits(*permits)
                 .map_err(|error| error.to_string())?;
             let _ = table.try_acquire_permits(*key, permits);
         }
-        JournalEvent::Release { waiter } => {
-            let _ = table.release(*waiter, &mut granted);
-        }
-        JournalEvent::Cancel { waiter } => {
-            if let Ok((key, delivery)) = table.cancel(*waiter, &mut granted)
-                && delivery != Some(*waiter)
-            {
+        (JournalEvent::Release { waiter }, None) => {
+            let released = table.release(*waiter, &mut granted).ok();
+            let expected = before
+                .find(*waiter)
+                .filter(|(_, holds)| *holds)
+                .map(|(holder, _)| holder.keys[0]);
+            if released != expected {
                 return Err(format!(
-                    "the cancel of {waiter} on key {key} handed back {delivery:?}"
+                    "the release of {waiter} returned key {released:?}, the model expects \
+                     {expected:?}"
                 ));
             }
         }
-        JournalEvent::Shutdown => {
+        (JournalEvent::Cancel { waiter }, None) => {
+            let cancelled = table.cancel(*waiter, &mut granted).ok();
+            let expected = before
+                .find(*waiter)
+                .filter(|(_, holds)| !*holds)
+                .map(|(queued, _)| (queued.keys[0], Some(*waiter)));
+            if cancelled != expected {
+                return Err(format!(
+                    "the cancel of {waiter} returned (key, delivery) {cancelled:?}, the model \
+                     expects {expected:?}"
+                ));
+            }
+        }
+        (JournalEvent::Shutdown, None) => {
             for (waiter, delivery) in table.shutdown() {
                 if delivery != Some(waiter) {
                     return Err(format!("closing {waiter} handed back {delivery:?}"));
                 }
             }
         }
-        other => panic!("the model began a call with {other:?}, not a call: {events:?}"),
+        (other, listed) => {
+            panic!("the model began a call with {other:?} (keys listed: {listed:?}), not a call")
+        }
     }
     match granted
         .iter()
@@ -538,6 +712,31 @@ fn feed(
     }
 }
 
+/// The events `table` recorded from index `start` on must be `expected`: the model's events
+/// for the call just made, so the table's grants, tokens and refusals for the keys as the
+/// caller listed them are the model's.
+fn check_recorded(
+    table: &JournaledTable<u64, Option<WaiterId>>,
+    start: usize,
+    expected: &[JournalEvent<u64>],
+) -> Result<(), String> {
+    let journal = table.journal();
+    let recorded: Vec<&JournalEvent<u64>> = journal
+        .entries
+        .iter()
+        .skip(start)
+        .map(|entry| &entry.event)
+        .collect();
+    if recorded.iter().copied().ne(expected) {
+        return Err(format!(
+            "the table recorded `{}`, the model expects `{}`",
+            trace_lines(recorded),
+            trace_lines(expected)
+        ));
+    }
+    Ok(())
+}
+
 /// Everything the table must agree with the model on after a call.
 fn check_state(
     table: &JournaledTable<u64, Option<WaiterId>>,
@@ -547,18 +746,19 @@ fn check_state(
     table
         .check_invariants()
         .map_err(|violation| violation.to_string())?;
+    let state = &call.state;
+    let keys_in_use = state.keys_in_use();
     let stats = table.stats();
-    let keys = call.keys.values();
     let expected = (
-        keys.clone()
-            .filter(|key| key.holders_and_waiters() > 0)
-            .count(),
-        keys.clone().filter(|key| !key.holders.is_empty()).count(),
-        keys.clone().map(|key| key.holders.len()).sum::<usize>(),
-        keys.clone()
-            .map(|key| key.permits_held() as usize)
+        keys_in_use.len(),
+        state.keys_held().len(),
+        state.holders.len(),
+        state
+            .holders
+            .iter()
+            .map(|holder| holder.permits as usize * holder.keys.len())
             .sum::<usize>(),
-        keys.map(|key| key.waiters.len()).sum::<usize>(),
+        state.waiting.len(),
         call.grants,
     );
     let got = (
@@ -575,27 +775,50 @@ fn check_state(
              {expected:?}"
         ));
     }
-    for (key, model_key) in &call.keys {
+    for key in &state.named {
         // No entry without a holder or a waiter, and none missing.
-        if table.contains_key(key) != (model_key.holders_and_waiters() > 0) {
+        if table.contains_key(key) != keys_in_use.contains(key) {
             return Err(format!(
-                "key {key} has an entry: {}, but {} holders and waiters",
+                "key {key} has an entry: {}, but a holder or a waiter: {}",
                 table.contains_key(key),
-                model_key.holders_and_waiters()
+                keys_in_use.contains(key)
             ));
         }
-        // The model's holders, and only they (the counts above), hold in the table too.
-        for holder in &model_key.holders {
-            let holder = holder.waiter;
-            if table.key_of(holder) != Some(key) || table.delivery_of(holder).is_some() {
-                return Err(format!("{holder} does not hold key {key}"));
-            }
+    }
+    // The model's holders and waiters, with their keys, and only they, are live in the table.
+    for holder in &state.holders {
+        let id = holder.waiter;
+        if table.keys_of(id) != Some(&holder.keys[..])
+            || table.key_of(id) != Some(&holder.keys[0])
+            || table.delivery_of(id).is_some()
+        {
+            return Err(format!(
+                "{id} does not hold exactly {:?}: the table has {:?}",
+                holder.keys,
+                table.keys_of(id)
+            ));
         }
-        for waiter in &model_key.waiters {
-            let waiter = waiter.waiter;
-            if table.key_of(waiter) != Some(key) || table.delivery_of(waiter).is_none() {
-                return Err(format!("{waiter} is not waiting for key {key}"));
-            }
+    }
+    for queued in &state.waiting {
+        let id = queued.waiter;
+        if table.keys_of(id) != Some(&queued.keys[..])
+            || table.key_of(id) != Some(&queued.keys[0])
+            || table.delivery_of(id) != Some(&Some(id))
+        {
+            return Err(format!(
+                "{id} is not waiting for exactly {:?}: the table has {:?}",
+                queued.keys,
+                table.keys_of(id)
+            ));
+        }
+    }
+    for arrival in 1..call.next_arrival {
+        let id = WaiterId::new(arrival).expect("arrivals count from 1");
+        if state.find(id).is_none() && table.keys_of(id).is_some() {
+            return Err(format!(
+                "{id} is gone, but the table still has it on {:?}",
+                table.keys_of(id)
+            ));
         }
     }
     Ok(())
@@ -608,7 +831,9 @@ fn waiters_never_granted(journal: &Journal<u64>) -> Vec<WaiterId> {
     let mut events = journal.entries.iter().map(|entry| &entry.event).peekable();
     while let Some(event) = events.next() {
         match event {
-            JournalEvent::Acquire { waiter, .. } | JournalEvent::AcquirePermits { waiter, .. } => {
+            JournalEvent::Acquire { waiter, .. }
+            | JournalEvent::AcquirePermits { waiter, .. }
+            | JournalEvent::AcquireAll { waiter, .. } => {
                 arrived.push(*waiter);
             }
             JournalEvent::Grant { waiter, .. } | JournalEvent::Closed { waiter } => {
@@ -628,7 +853,8 @@ fn waiters_never_granted(journal: &Journal<u64>) -> Vec<WaiterId> {
 }
 
 /// Events as trace lines without number and time, for failure messages:
-/// `release w1; grant w2 2`.
+/// `release w1; grant w2 2`. The key lines of a multi-key event stay on its line:
+/// `acquire_all w3 2 | 0 | 1`.
 pub fn trace_lines<'a>(events: impl IntoIterator<Item = &'a JournalEvent<u64>>) -> String {
     let journal = Journal {
         entries: (1..)
@@ -642,10 +868,15 @@ pub fn trace_lines<'a>(events: impl IntoIterator<Item = &'a JournalEvent<u64>>) 
         dropped: 0,
     };
     let trace = write_trace(&journal, &IntegerKeys);
-    let lines: Vec<&str> = trace
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .map(|line| line.splitn(3, ' ').nth(2).unwrap_or(line))
-        .collect();
+    let mut lines: Vec<String> = Vec::new();
+    for line in trace.lines().filter(|line| !line.starts_with('#')) {
+        match lines.last_mut() {
+            Some(event) if line.starts_with("| ") => {
+                event.push(' ');
+                event.push_str(line);
+            }
+            _ => lines.push(line.splitn(3, ' ').nth(2).unwrap_or(line).to_owned()),
+        }
+    }
     lines.join("; ")
 }

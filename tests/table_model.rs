@@ -1,7 +1,10 @@
 //! The lock table grants exactly what the reference model of its rules grants, and keeps
 //! every rule after every step of random scripts: mutual exclusion of exclusive requests,
 //! never more permits held than a key has, strict FIFO per key (a big request at the front is
-//! not overtaken, and its cancel lets through the ones behind it that now fit), reference
+//! not overtaken, and its cancel lets through the ones behind it that now fit), requests for
+//! several keys at once (queued on all their keys as one request, granted all together when
+//! first on each, their release and cancel letting through what can now go on every key),
+//! the grants of one step in order of arrival with consecutive fencing tokens, reference
 //! count = holders + waiters, no entry without a holder or a waiter, strictly increasing
 //! fencing tokens, liveness (once holders release, every waiter that was not cancelled or
 //! closed is granted), shutdown closing waiters in order of arrival, and refusals of releases
@@ -11,17 +14,20 @@
 //!
 //! proptest generates a capacity (1, 2 or 3 permits per key) and scripts over 2 or 3 keys and
 //! at most [`MAX_LIVE_ACQUIRERS`] acquirers at a time: acquire (exclusive), acquire_permits
-//! of 1 (a shared lock) up to the capacity, try_acquire, try_acquire_permits, cancel of a
-//! random live acquirer (still queued, or already granted: in the registry a cancel can
-//! arrive after its grant), cancel of a random queued waiter, release of a random holder,
-//! release of a waiter still queued, release and cancel of a waiter that is gone, and
-//! shutdown. Each step is a call on the [`ReferenceModel`], which picks the waiter the step is
-//! about and writes the journal a correct table records for it. After the script every holder
-//! is released, again and again, until none is left; then each key is taken with
-//! `try_acquire` (every permit) and released, so that a leaked entry or permit changes an
-//! output (a would-block instead of a grant), not just the state. [`check_the_table_against`]
-//! then replays that journal on the real table and compares every event, and checks the
-//! table's state after every call (see `reference_model`).
+//! of 1 (a shared lock) up to the capacity, try_acquire, try_acquire_permits, acquire_all and
+//! try_acquire_all of 1 to 3 keys listed (a key may be listed twice, so a list can come down
+//! to a set of one key, which is a plain exclusive request), cancel of a random live acquirer
+//! (still queued, or already granted: in the registry a cancel can arrive after its grant),
+//! cancel of a random queued waiter, release of a random holder, release of a waiter still
+//! queued, release and cancel of a waiter that is gone, and shutdown. Each step is a call on
+//! the [`ReferenceModel`], which picks the waiter the step is about and writes the journal a
+//! correct table records for it. After the script every holder is released, again and again,
+//! until none is left; then each key is taken with `try_acquire` (every permit) and released,
+//! so that a leaked entry or permit changes an output (a would-block instead of a grant), not
+//! just the state. [`check_the_table_against`] then replays that journal on the real table and
+//! compares every event, makes the same calls on a table that records them (the keys of
+//! `acquire_all` as listed, duplicates included) and compares what it records and returns,
+//! and checks the table's state after every call (see `reference_model`).
 //!
 //! # When it fails
 //!
@@ -72,6 +78,13 @@ enum Op {
         key: u64,
         permits: u32,
     },
+    /// Asks for every permit of each listed key, all at once.
+    AcquireAll {
+        keys: Listed,
+    },
+    TryAcquireAll {
+        keys: Listed,
+    },
     /// Cancels a live acquirer: a queued one is withdrawn, a holder is refused.
     Cancel {
         pick: usize,
@@ -97,6 +110,40 @@ enum Op {
     Shutdown,
 }
 
+/// One to three keys as a caller lists them for `acquire_all`: a key may come twice. An array
+/// rather than a `Vec`, so that an [`Op`] stays `Copy`.
+#[derive(Clone, Copy)]
+struct Listed {
+    keys: [u64; 3],
+    len: usize,
+}
+
+impl Listed {
+    fn new(listed: &[u64]) -> Self {
+        let mut keys = [0; 3];
+        keys[..listed.len()].copy_from_slice(listed);
+        Listed {
+            keys,
+            len: listed.len(),
+        }
+    }
+
+    fn as_slice(&self) -> &[u64] {
+        &self.keys[..self.len]
+    }
+}
+
+impl std::fmt::Debug for Listed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_slice().fmt(f)
+    }
+}
+
+/// 1 to 3 of the `keys` keys, each drawn on its own, so that some lists name a key twice.
+fn listed(keys: u64) -> impl Strategy<Value = Listed> {
+    prop::collection::vec(0..keys, 1..=3).prop_map(|listed| Listed::new(&listed))
+}
+
 /// A step over `keys` keys of `capacity` permits each.
 fn op(keys: u64, capacity: u32) -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -105,6 +152,8 @@ fn op(keys: u64, capacity: u32) -> impl Strategy<Value = Op> {
         1 => (0..keys).prop_map(|key| Op::TryAcquire { key }),
         1 => (0..keys, 1..=capacity)
             .prop_map(|(key, permits)| Op::TryAcquirePermits { key, permits }),
+        3 => listed(keys).prop_map(|keys| Op::AcquireAll { keys }),
+        1 => listed(keys).prop_map(|keys| Op::TryAcquireAll { keys }),
         2 => (0..8usize).prop_map(|pick| Op::Cancel { pick }),
         2 => (0..8usize).prop_map(|pick| Op::CancelQueued { pick }),
         4 => (0..8usize).prop_map(|pick| Op::Release { pick }),
@@ -161,10 +210,18 @@ fn step(model: &mut ReferenceModel, op: Op) {
         Op::TryAcquirePermits { key, permits } if room => {
             model.try_acquire_permits(key, permits);
         }
+        Op::AcquireAll { keys } if room => {
+            model.acquire_all(keys.as_slice());
+        }
+        Op::TryAcquireAll { keys } if room => {
+            model.try_acquire_all(keys.as_slice());
+        }
         Op::Acquire { .. }
         | Op::AcquirePermits { .. }
         | Op::TryAcquire { .. }
-        | Op::TryAcquirePermits { .. } => {}
+        | Op::TryAcquirePermits { .. }
+        | Op::AcquireAll { .. }
+        | Op::TryAcquireAll { .. } => {}
         Op::Cancel { pick } => {
             if let Some(waiter) = nth(&model.live_acquirers(), pick) {
                 model.cancel(waiter);
@@ -366,4 +423,48 @@ fn the_expected_journal_of_a_permits_script_lets_the_requests_behind_a_cancelled
          release w3; release w4; try_acquire 0; grant w5 4; release w5"
     );
     keyed_locks::replay::verify(&journal).unwrap_or_else(|error| panic!("{error}"));
+}
+
+#[test]
+fn the_expected_journal_of_a_lock_all_script_grants_in_order_of_arrival() {
+    // w1 holds keys 0 and 1; w2 waits for 1, w3 for 0; w4 asks for 1, 2 and 1 again (the set
+    // {1, 2}) and waits behind w2 on key 1; w5 waits for key 2 behind w4, though nobody holds
+    // it (FIFO). Tries of {2, 0} and of {1, 1} (a set of one key) would block. The release of
+    // w1 grants w2 and w3 in order of arrival; the cancel of w4 lets w5 through.
+    let script = [
+        Op::AcquireAll {
+            keys: Listed::new(&[0, 1]),
+        },
+        Op::Acquire { key: 1 },
+        Op::Acquire { key: 0 },
+        Op::AcquireAll {
+            keys: Listed::new(&[1, 2, 1]),
+        },
+        Op::Acquire { key: 2 },
+        Op::TryAcquireAll {
+            keys: Listed::new(&[2, 0]),
+        },
+        Op::TryAcquireAll {
+            keys: Listed::new(&[1, 1]),
+        },
+        Op::Release { pick: 0 },
+        Op::CancelQueued { pick: 0 },
+    ];
+    let setting = Setting {
+        capacity: 1,
+        keys: 3,
+    };
+    let journal = expected_journal(setting, &script);
+    assert_eq!(
+        trace_lines(journal.entries.iter().map(|entry| &entry.event)),
+        "acquire_all w1 2 | 0 | 1; grant w1 1; acquire w2 1; acquire w3 0; \
+         acquire_all w4 2 | 1 | 2; acquire w5 2; try_acquire_all 2 | 2 | 0; would_block_all; \
+         try_acquire 1; would_block 1; release w1; grant w2 2; grant w3 3; cancel w4; \
+         grant w5 4; release w3; release w2; release w5; try_acquire 0; grant w6 5; \
+         release w6; try_acquire 1; grant w7 6; release w7; try_acquire 2; grant w8 7; \
+         release w8"
+    );
+    keyed_locks::replay::verify(&journal).unwrap_or_else(|error| panic!("{error}"));
+    check_the_table_against(&run_on_the_model(setting, &script))
+        .unwrap_or_else(|failure| panic!("{failure}"));
 }
