@@ -239,10 +239,10 @@ impl<K> KeySet<K> {
 }
 
 /// One key's state.
-#[derive(Debug, Default)]
 ///
 /// 16 bytes: the number of holders is not kept, since every holder holds at least one
 /// permit, so `permits > 0` says whether the key is held.
+#[derive(Debug, Default)]
 struct Entry {
     /// Waiters in order of arrival with the permits each asks for, plus tombstones of
     /// cancelled ones (invariant 4).
@@ -1070,14 +1070,9 @@ fn compact_queue<K, D>(entry: &mut Entry, records: &Records<Record<K, D>>) {
 
 /// The one key of a set of one, or the set's keys.
 fn single<K>(keys: KeySet<K>) -> Result<K, Box<[K]>> {
-    let keys = keys.0;
-    if keys.len() != 1 {
-        return Err(keys);
-    }
-    match keys.into_vec().pop() {
-        Some(key) => Ok(key),
-        None => Err(Box::default()),
-    }
+    let one: Box<[K; 1]> = keys.0.try_into()?;
+    let [key] = *one;
+    Ok(key)
 }
 
 /// Whether `permits` of every key of `keys` could be taken now: nobody waits for any of them
