@@ -154,6 +154,11 @@ impl<K: LockKey> Owner<K> {
     /// Runs one request to the end: the owner's one step, whoever runs it.
     #[inline]
     pub(crate) fn step(&mut self, request: Request<K>, effects: &mut Effects<K>) -> Outcome<K> {
+        if request.gave_up() {
+            // The caller gave up before the request got here: touch nothing, make no entry.
+            debug!(?request, "withdrawn before it arrived");
+            return Outcome::Done;
+        }
         match request {
             Request::Acquire {
                 key,
@@ -228,13 +233,6 @@ impl<K: LockKey> Owner<K> {
         delivery: Delivery<K>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
-        if let Delivery::Channel(grant) = &delivery
-            && grant.is_abandoned()
-        {
-            // The caller gave up before we got here: touch nothing, create no entry.
-            debug!(?key, "acquire withdrawn before it arrived");
-            return Outcome::Done;
-        }
         debug!(?key, "acquire");
         self.stamp_time();
         let acquired = match permits {
@@ -250,12 +248,6 @@ impl<K: LockKey> Owner<K> {
         delivery: Delivery<K>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
-        if let Delivery::Channel(grant) = &delivery
-            && grant.is_abandoned()
-        {
-            debug!(keys = ?keys.as_slice(), "acquire of several keys withdrawn before it arrived");
-            return Outcome::Done;
-        }
         debug!(keys = ?keys.as_slice(), "acquire of several keys");
         self.stamp_time();
         let acquired = self.table.acquire_all(keys, delivery);
@@ -298,12 +290,6 @@ impl<K: LockKey> Owner<K> {
         grant: Option<grant::GrantSender>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
-        if let Some(grant) = &grant
-            && grant.is_abandoned()
-        {
-            debug!(?key, "try acquire withdrawn before it arrived");
-            return Outcome::Done;
-        }
         debug!(?key, "try acquire");
         self.stamp_time();
         let taken = match permits {
@@ -319,12 +305,6 @@ impl<K: LockKey> Owner<K> {
         grant: Option<grant::GrantSender>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
-        if let Some(grant) = &grant
-            && grant.is_abandoned()
-        {
-            debug!(keys = ?keys.as_slice(), "try acquire of several keys withdrawn before it arrived");
-            return Outcome::Done;
-        }
         debug!(keys = ?keys.as_slice(), "try acquire of several keys");
         self.stamp_time();
         let taken = self.table.try_acquire_all(keys);

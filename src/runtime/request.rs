@@ -64,6 +64,32 @@ pub(crate) enum Request<K: LockKey> {
     Note { event: JournalEvent<K> },
 }
 
+impl<K: LockKey> Request<K> {
+    /// Whether this is an acquire whose caller gave up while it waited in the queue: the
+    /// owner then skips it. A caller that runs its own step cannot have given up.
+    #[inline]
+    pub(crate) fn gave_up(&self) -> bool {
+        let grant = match self {
+            Request::Acquire {
+                delivery: Delivery::Channel(grant),
+                ..
+            }
+            | Request::AcquireAll {
+                delivery: Delivery::Channel(grant),
+                ..
+            }
+            | Request::TryAcquire {
+                grant: Some(grant), ..
+            }
+            | Request::TryAcquireAll {
+                grant: Some(grant), ..
+            } => grant,
+            _ => return false,
+        };
+        grant.is_abandoned()
+    }
+}
+
 /// How a grant reaches its acquirer; the lock table keeps it with each waiter.
 pub(crate) enum Delivery<K: LockKey> {
     /// The caller runs this very step and takes the grant from its [`Outcome`]. If the key is
