@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use futures::future::try_join_all;
 use keyed_locks::LockRegistry;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 
 const ACCOUNTS: u32 = 100;
 const OPENING_BALANCE: i64 = 1_000;
@@ -44,19 +46,6 @@ impl Ledger {
             .iter()
             .map(|balance| balance.load(Ordering::SeqCst))
             .sum()
-    }
-}
-
-/// A small deterministic generator (splitmix64): the same run every time.
-struct Numbers(u64);
-
-impl Numbers {
-    fn below(&mut self, bound: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % bound
     }
 }
 
@@ -87,11 +76,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tasks = (0..TASKS).map(|task| {
         let (registry, ledger) = (registry.clone(), Arc::clone(&ledger));
         tokio::spawn(async move {
-            let mut numbers = Numbers(task);
+            // Seeded per task: the same run every time.
+            let mut numbers = StdRng::seed_from_u64(task);
             for _ in 0..TRANSFERS_PER_TASK {
-                let from = numbers.below(u64::from(ACCOUNTS)) as u32;
-                let to = (from + 1 + numbers.below(u64::from(ACCOUNTS) - 1) as u32) % ACCOUNTS;
-                let amount = 1 + numbers.below(50) as i64;
+                let from = numbers.random_range(0..ACCOUNTS);
+                let to = (from + numbers.random_range(1..ACCOUNTS)) % ACCOUNTS;
+                let amount = numbers.random_range(1..=50);
                 transfer(&registry, &ledger, from, to, amount).await?;
             }
             Ok::<(), keyed_locks::LockError>(())
