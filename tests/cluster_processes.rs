@@ -156,6 +156,52 @@ fn args<'a>(url: &'a str, prefix: &'a str, key: &'a str, rest: &[&'a str]) -> Ve
     args
 }
 
+/// One increment of key `k` that holds it for `hold_ms` under leases of `lease`.
+fn start_holder(url: &str, prefix: &str, lease: Duration, hold_ms: &str) -> Demo {
+    let lease_ms = lease.as_millis().to_string();
+    Demo::start(&args(
+        url,
+        prefix,
+        "k",
+        &[
+            "--increments",
+            "1",
+            "--hold-ms",
+            hold_ms,
+            "--lease-ms",
+            &lease_ms,
+        ],
+    ))
+}
+
+/// One increment of key `k` by a second process, started once the holder that got `granted`
+/// is gone at `gone_at`: checks that it was granted only once the holder's lease could have
+/// run out (its last renewal was at most a heartbeat, a quarter of the lease, before), with a
+/// higher token.
+async fn start_successor(
+    url: &str,
+    prefix: &str,
+    lease: Duration,
+    gone_at: Instant,
+    granted: &str,
+) -> Demo {
+    let lease_ms = lease.as_millis().to_string();
+    let next = Demo::start(&args(
+        url,
+        prefix,
+        "k",
+        &["--increments", "1", "--lease-ms", &lease_ms],
+    ));
+    let (taken_at, taken) = next.wait_for("granted ", Duration::from_secs(30)).await;
+    assert!(
+        taken_at >= gone_at + lease * 3 / 4 - Duration::from_millis(100),
+        "taken {:?} after the holder was gone, before its lease could run out",
+        taken_at - gone_at
+    );
+    assert!(token_of(&taken) > token_of(granted));
+    next
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_per_key_lose_no_update_and_tokens_increase_in_write_order() {
     let url = database_url();
@@ -214,38 +260,10 @@ async fn a_killed_holder_is_overtaken_after_its_lease() {
     let url = database_url();
     let prefix = fresh_prefix("kl_test_kill_").await;
     let lease = Duration::from_millis(1500);
-    let lease_ms = lease.as_millis().to_string();
-    let holder = Demo::start(&args(
-        &url,
-        &prefix,
-        "k",
-        &[
-            "--increments",
-            "1",
-            "--hold-ms",
-            "60000",
-            "--lease-ms",
-            &lease_ms,
-        ],
-    ));
+    let mut holder = start_holder(&url, &prefix, lease, "60000");
     let (_, granted) = holder.wait_for("granted ", Duration::from_secs(30)).await;
-    let mut holder = holder;
     holder.child.kill().await.expect("kill -9");
-    let killed_at = Instant::now();
-    let next = Demo::start(&args(
-        &url,
-        &prefix,
-        "k",
-        &["--increments", "1", "--lease-ms", &lease_ms],
-    ));
-    let (taken_at, taken) = next.wait_for("granted ", Duration::from_secs(30)).await;
-    // The last renewal was at most a heartbeat (a quarter of the lease) before the kill.
-    assert!(
-        taken_at >= killed_at + lease * 3 / 4 - Duration::from_millis(100),
-        "taken {:?} after the kill, before the lease could run out",
-        taken_at - killed_at
-    );
-    assert!(token_of(&taken) > token_of(&granted));
+    let next = start_successor(&url, &prefix, lease, Instant::now(), &granted).await;
     let lines = next.finish(Duration::from_secs(30)).await;
     assert_eq!(lines.last().unwrap(), "done key=k wrote=1 fenced=0");
 }
@@ -255,36 +273,10 @@ async fn a_stopped_holder_is_overtaken_after_its_lease_and_fenced_off_when_it_re
     let url = database_url();
     let prefix = fresh_prefix("kl_test_stop_").await;
     let lease = Duration::from_millis(1500);
-    let lease_ms = lease.as_millis().to_string();
-    let stale = Demo::start(&args(
-        &url,
-        &prefix,
-        "k",
-        &[
-            "--increments",
-            "1",
-            "--hold-ms",
-            "1000",
-            "--lease-ms",
-            &lease_ms,
-        ],
-    ));
+    let stale = start_holder(&url, &prefix, lease, "1000");
     let (_, granted) = stale.wait_for("granted ", Duration::from_secs(30)).await;
     signal(&stale.pid(), "-STOP");
-    let stopped_at = Instant::now();
-    let next = Demo::start(&args(
-        &url,
-        &prefix,
-        "k",
-        &["--increments", "1", "--lease-ms", &lease_ms],
-    ));
-    let (taken_at, taken) = next.wait_for("granted ", Duration::from_secs(30)).await;
-    assert!(
-        taken_at >= stopped_at + lease * 3 / 4 - Duration::from_millis(100),
-        "taken {:?} after the stop, before the lease could run out",
-        taken_at - stopped_at
-    );
-    assert!(token_of(&taken) > token_of(&granted));
+    let next = start_successor(&url, &prefix, lease, Instant::now(), &granted).await;
     next.wait_for("wrote ", Duration::from_secs(30)).await;
 
     signal(&stale.pid(), "-CONT");
@@ -318,20 +310,7 @@ async fn a_holder_cut_off_from_the_database_reports_lost_and_is_fenced_off() {
     );
 
     let lease = Duration::from_millis(1500);
-    let lease_ms = lease.as_millis().to_string();
-    let cut_off = Demo::start(&args(
-        &role_url,
-        &prefix,
-        "k",
-        &[
-            "--increments",
-            "1",
-            "--hold-ms",
-            "4000",
-            "--lease-ms",
-            &lease_ms,
-        ],
-    ));
+    let cut_off = start_holder(&role_url, &prefix, lease, "4000");
     let (_, granted) = cut_off.wait_for("granted ", Duration::from_secs(30)).await;
     // Cut the registry's connections (not the demo's own) and keep them from coming back.
     admin
@@ -342,14 +321,8 @@ async fn a_holder_cut_off_from_the_database_reports_lost_and_is_fenced_off() {
         ))
         .await
         .unwrap();
-    let next = Demo::start(&args(
-        &url,
-        &prefix,
-        "k",
-        &["--increments", "1", "--lease-ms", &lease_ms],
-    ));
-    let (_, taken) = next.wait_for("wrote ", Duration::from_secs(30)).await;
-    assert!(token_of(&taken) > token_of(&granted));
+    let next = start_successor(&url, &prefix, lease, Instant::now(), &granted).await;
+    next.wait_for("wrote ", Duration::from_secs(30)).await;
 
     let lines = cut_off.finish(Duration::from_secs(30)).await;
     admin

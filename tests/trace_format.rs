@@ -119,6 +119,18 @@ const TWO_GOOD_LINES: &str = "# keyed-locks trace v2\n\
                               2 +0.000000s grant w1 1\n";
 
 /// Parses `TWO_GOOD_LINES` followed by `bad_line` (line 5) and returns the error.
+/// Writing `journal` gives back `trace`'s lines, after the header and the `# dropped` line.
+#[track_caller]
+fn assert_written_as(journal: &Journal<String>, trace: &str) {
+    assert_eq!(
+        write_trace(journal, &StringKeys)
+            .lines()
+            .skip(2)
+            .collect::<Vec<_>>(),
+        trace.lines().collect::<Vec<_>>()
+    );
+}
+
 fn error_for_line_five(bad_line: &str) -> TraceError {
     let trace = format!("{TWO_GOOD_LINES}{bad_line}\n4 +0.000009s shutdown\n");
     match parse_trace(&trace, &StringKeys) {
@@ -700,13 +712,7 @@ fn permits_and_capacity_lines_round_trip_and_bad_counts_are_rejected() {
             permits: 2
         }
     );
-    assert_eq!(
-        write_trace(&journal, &StringKeys)
-            .lines()
-            .skip(2)
-            .collect::<Vec<_>>(),
-        trace.lines().collect::<Vec<_>>()
-    );
+    assert_written_as(&journal, trace);
     for bad_line in [
         "3 +0.000001s acquire_permits w1 0 \"k\"",
         "3 +0.000001s try_acquire_permits 4294967296 \"k\"",
@@ -754,13 +760,7 @@ fn multi_key_events_are_followed_by_one_key_line_per_key() {
         }
     );
     assert_eq!(journal.entries[3].event, JournalEvent::WouldBlockAll);
-    assert_eq!(
-        write_trace(&journal, &StringKeys)
-            .lines()
-            .skip(2)
-            .collect::<Vec<_>>(),
-        trace.lines().collect::<Vec<_>>()
-    );
+    assert_written_as(&journal, trace);
 }
 
 #[test]
