@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use tokio::task::AbortHandle;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 
 use super::config::{LeaseTable, PgLeaseConfig};
@@ -108,15 +108,27 @@ impl PgLeaseStore {
     }
 }
 
+impl PgLeaseStore {
+    /// The values of this store's statements for `key` and `fence`.
+    fn values<'a>(&'a self, key: &'a str, fence: i64) -> Values<'a> {
+        Values {
+            key,
+            owner: &self.owner,
+            fence,
+            lease_millis: self.lease_millis,
+            channel: self.table.name(),
+        }
+    }
+}
+
 impl LeaseStore for PgLeaseStore {
     async fn acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
         check_key(key)?;
-        let params = [
-            (&key as _, Type::TEXT),
-            (&self.owner as _, Type::TEXT),
-            (&self.lease_millis as _, Type::INT8),
-        ];
-        let rows = self.link.query(&self.statements.acquire, &params).await?;
+        let values = self.values(key, 0);
+        let rows = self
+            .link
+            .query(&self.statements.acquire, &values.acquire())
+            .await?;
         rows.first().map(fence_of).transpose()
     }
 
@@ -126,13 +138,11 @@ impl LeaseStore for PgLeaseStore {
         let Ok(fence) = i64::try_from(fence) else {
             return Ok(false);
         };
-        let params = [
-            (&key as _, Type::TEXT),
-            (&self.owner as _, Type::TEXT),
-            (&fence as _, Type::INT8),
-            (&self.lease_millis as _, Type::INT8),
-        ];
-        let rows = self.link.query(&self.statements.renew, &params).await?;
+        let values = self.values(key, fence);
+        let rows = self
+            .link
+            .query(&self.statements.renew, &values.renew())
+            .await?;
         Ok(!rows.is_empty())
     }
 
@@ -141,24 +151,20 @@ impl LeaseStore for PgLeaseStore {
         let Ok(fence) = i64::try_from(fence) else {
             return Ok(false);
         };
-        let params = [
-            (&key as _, Type::TEXT),
-            (&self.owner as _, Type::TEXT),
-            (&fence as _, Type::INT8),
-            (&self.table.name() as _, Type::TEXT),
-        ];
-        let rows = self.link.query(&self.statements.release, &params).await?;
+        let values = self.values(key, fence);
+        let rows = self
+            .link
+            .query(&self.statements.release, &values.release())
+            .await?;
         Ok(!rows.is_empty())
     }
 
     async fn release_all(&self) -> Result<u64, LeaseError> {
-        let params = [
-            (&self.owner as _, Type::TEXT),
-            (&self.table.name() as _, Type::TEXT),
-        ];
+        // No key or fence: this statement takes the owner and the channel only.
+        let values = self.values("", 0);
         let rows = self
             .link
-            .query(&self.statements.release_all, &params)
+            .query(&self.statements.release_all, &values.release_all())
             .await?;
         Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
     }
@@ -195,6 +201,52 @@ struct Statements {
     release: String,
     /// `$1` owner, `$2` channel. Returns a row per lease released (invariant 4).
     release_all: String,
+}
+
+/// What the statements' placeholders take, and each statement's list of them in the order of
+/// its `$n`: the one place that matches the text of [`Statements`], for the store and the
+/// check at connect.
+struct Values<'a> {
+    key: &'a str,
+    owner: &'a str,
+    fence: i64,
+    lease_millis: i64,
+    channel: &'a str,
+}
+
+/// A statement's parameters with their types, as `query_typed` takes them.
+type Params<'v, const N: usize> = [(&'v (dyn ToSql + Sync), Type); N];
+
+impl Values<'_> {
+    fn acquire(&self) -> Params<'_, 3> {
+        [
+            (&self.key, Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (&self.lease_millis, Type::INT8),
+        ]
+    }
+
+    fn renew(&self) -> Params<'_, 4> {
+        [
+            (&self.key, Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (&self.fence, Type::INT8),
+            (&self.lease_millis, Type::INT8),
+        ]
+    }
+
+    fn release(&self) -> Params<'_, 4> {
+        [
+            (&self.key, Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (&self.fence, Type::INT8),
+            (&self.channel, Type::TEXT),
+        ]
+    }
+
+    fn release_all(&self) -> Params<'_, 2> {
+        [(&self.owner, Type::TEXT), (&self.channel, Type::TEXT)]
+    }
 }
 
 impl Statements {
@@ -315,31 +367,24 @@ async fn probe(
     lease_millis: i64,
 ) -> Result<(), tokio_postgres::Error> {
     let key = format!("keyed-locks probe {owner}");
-    let fence = 1_i64;
-    let channel = table.name();
-    let acquire = [
-        (&key as _, Type::TEXT),
-        (&owner as _, Type::TEXT),
-        (&lease_millis as _, Type::INT8),
-    ];
-    client.query_typed(&statements.acquire, &acquire).await?;
-    let renew = [
-        (&key as _, Type::TEXT),
-        (&owner as _, Type::TEXT),
-        (&fence as _, Type::INT8),
-        (&lease_millis as _, Type::INT8),
-    ];
-    client.query_typed(&statements.renew, &renew).await?;
-    let release = [
-        (&key as _, Type::TEXT),
-        (&owner as _, Type::TEXT),
-        (&fence as _, Type::INT8),
-        (&channel as _, Type::TEXT),
-    ];
-    client.query_typed(&statements.release, &release).await?;
-    let release_all = [(&owner as _, Type::TEXT), (&channel as _, Type::TEXT)];
+    let values = Values {
+        key: &key,
+        owner,
+        fence: 1,
+        lease_millis,
+        channel: table.name(),
+    };
     client
-        .query_typed(&statements.release_all, &release_all)
+        .query_typed(&statements.acquire, &values.acquire())
+        .await?;
+    client
+        .query_typed(&statements.renew, &values.renew())
+        .await?;
+    client
+        .query_typed(&statements.release, &values.release())
+        .await?;
+    client
+        .query_typed(&statements.release_all, &values.release_all())
         .await?;
     Ok(())
 }
