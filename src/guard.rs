@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::LockKey;
-use crate::owner;
+use crate::owner::{self, Call};
 use crate::request::{Request, RequestSender};
 use crate::table::WaiterId;
 
@@ -50,11 +50,13 @@ impl<K: LockKey> Drop for HeldGrant<K> {
         // unbounded queue. It comes to nothing only when the registry has stopped, and then
         // nothing is left to release.
         let waiter_id = self.waiter_id;
-        let _ = owner::call(
+        if let Call::Ran(outcome) = owner::call(
             &self.requests,
             || ((), ()),
             |_| Request::Release { waiter_id },
-        );
+        ) {
+            outcome.discard();
+        }
     }
 }
 

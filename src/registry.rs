@@ -929,11 +929,18 @@ impl<K: LockKey> Shard<K> {
         make: impl FnOnce(Option<GrantSender>) -> Request<K>,
     ) -> Acquiring<'_, K> {
         let receiver = match owner::call(&self.requests, grant::channel, make) {
-            Call::Ran(Outcome::Granted(granted)) => return Acquiring::Granted(granted),
             Call::Ran(Outcome::Queued(receiver)) | Call::Queued(receiver) => receiver,
-            Call::Ran(Outcome::WouldBlock) => return Acquiring::WouldBlock,
-            // A step gives no other outcome for an acquire.
-            Call::Ran(_) | Call::Closed => return Acquiring::Closed,
+            Call::Ran(outcome) => {
+                let answer = match outcome {
+                    Outcome::Granted(granted) => Acquiring::Granted(granted),
+                    Outcome::WouldBlock => Acquiring::WouldBlock,
+                    // A step gives no other outcome for an acquire.
+                    _ => Acquiring::Closed,
+                };
+                outcome.discard();
+                return answer;
+            }
+            Call::Closed => return Acquiring::Closed,
         };
         Acquiring::Waiting(PendingGrant {
             receiver,
