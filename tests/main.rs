@@ -18,6 +18,7 @@ mod message_api;
 mod mutual_exclusion;
 mod no_leak;
 mod ordering;
+mod payments_load;
 mod permits;
 // Not a behaviour: the one model of the table's rules that `table_model` and
 // `exhaustive_small_scope` check the real table against.
