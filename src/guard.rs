@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::LockKey;
+use crate::observe::Acquisition;
 use crate::owner::{self, Call};
 use crate::request::{Request, RequestSender};
 use crate::table::WaiterId;
@@ -25,6 +26,9 @@ pub struct KeyGuard<K: LockKey> {
     fencing_token: u64,
     /// Dropped with the guard, which releases the key.
     _held: HeldGrant<K>,
+    /// Reports the release to the acquisition's span (and metrics) after `_held` released:
+    /// fields drop in order.
+    _acquisition: Acquisition,
 }
 
 /// One grant of a registry shard, released when dropped: the part of a guard that ends the
@@ -66,11 +70,13 @@ impl<K: LockKey> KeyGuard<K> {
         waiter_id: WaiterId,
         fencing_token: u64,
         requests: RequestSender<K>,
+        acquisition: Acquisition,
     ) -> Self {
         KeyGuard {
             key,
             fencing_token,
             _held: HeldGrant::new(waiter_id, requests),
+            _acquisition: acquisition,
         }
     }
 

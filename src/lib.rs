@@ -109,11 +109,12 @@ mod error;
 mod guard;
 pub mod messages;
 mod multi_guard;
+mod observe;
 mod registry;
 
-use pure::stats;
 pub use pure::{journal, replay, table, trace};
-use runtime::{actor, grant, owner, request, run_token, shard};
+use pure::{overdue, stats};
+use runtime::{actor, grant, owner, request, run_token, shard, stall};
 
 use std::fmt::Debug;
 use std::hash::Hash;

@@ -4,6 +4,7 @@ use std::fmt;
 
 use crate::LockKey;
 use crate::guard::HeldGrant;
+use crate::observe::Acquisition;
 
 /// Holds every key of a [`lock_all`](crate::LockRegistry::lock_all) or
 /// [`try_lock_all`](crate::LockRegistry::try_lock_all) until dropped, then releases them all.
@@ -17,6 +18,8 @@ use crate::guard::HeldGrant;
 pub struct MultiGuard<K: LockKey> {
     /// One per shard whose keys it holds, in shard order.
     grants: Vec<ShardGrant<K>>,
+    /// Reports the release to the call's span (and metrics) after `grants` released.
+    acquisition: Acquisition,
 }
 
 /// The keys one shard granted to a multi-key request, with their token.
@@ -30,7 +33,21 @@ struct ShardGrant<K: LockKey> {
 impl<K: LockKey> MultiGuard<K> {
     /// A guard of no keys, until [`push`](Self::push) adds some.
     pub(crate) fn new() -> Self {
-        MultiGuard { grants: Vec::new() }
+        MultiGuard {
+            grants: Vec::new(),
+            acquisition: Acquisition::default(),
+        }
+    }
+
+    /// This guard, reporting its release to `acquisition`.
+    pub(crate) fn observed(mut self, acquisition: Acquisition) -> Self {
+        self.acquisition = acquisition;
+        self
+    }
+
+    /// The token of the first shard's grant; `None` for an empty set.
+    pub(crate) fn first_fencing_token(&self) -> Option<u64> {
+        self.grants.first().map(|grant| grant.fencing_token)
     }
 
     /// Adds the `keys` one shard granted under `fencing_token`, held by `held`.

@@ -7,6 +7,7 @@ use std::num::{NonZeroU32, NonZeroUsize};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use kameo::actor::{ActorRef, Spawn};
 use kameo::mailbox;
@@ -19,10 +20,12 @@ use crate::grant::{self, GrantReceiver, GrantSender, Granted, NotGranted, Undo};
 use crate::guard::{HeldGrant, KeyGuard};
 use crate::journal::Journal;
 use crate::multi_guard::MultiGuard;
+use crate::observe::{Acquisition, CallKind};
 use crate::owner::{self, Call, Owner, OwnerConfig};
 use crate::request::{Delivery, Outcome, Request, RequestSender};
 use crate::run_token::{self, Execution};
 use crate::shard::ShardRouter;
+use crate::stall::{self, StallThresholds};
 use crate::stats::RegistryStats;
 use crate::table::{KeySet, Permits};
 
@@ -107,6 +110,7 @@ impl<K: LockKey> LockRegistry<K> {
     pub fn builder() -> RegistryBuilder<K> {
         RegistryBuilder {
             journal_capacity: None,
+            stall_thresholds: StallThresholds::default(),
             capacity: NonZeroU32::MIN,
             shards: NonZeroUsize::MIN,
             execution: Execution::default(),
@@ -152,7 +156,7 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub fn lock(&self, key: K) -> impl Future<Output = Result<KeyGuard<K>, LockError>> + '_ {
-        self.lock_permits(key, None)
+        self.lock_permits(key, None, CallKind::Lock)
     }
 
     /// Waits for one of `key`'s permits and returns a guard that holds it until dropped:
@@ -193,7 +197,7 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub fn lock_shared(&self, key: K) -> impl Future<Output = Result<KeyGuard<K>, LockError>> + '_ {
-        self.lock_permits(key, Some(Permits(NonZeroU32::MIN)))
+        self.lock_permits(key, Some(Permits(NonZeroU32::MIN)), CallKind::LockShared)
     }
 
     /// Waits for `permits` of `key`'s permits and returns a guard that holds them until
@@ -241,7 +245,7 @@ impl<K: LockKey> LockRegistry<K> {
                 requested,
                 capacity,
             })?;
-        self.lock_permits(key, Some(permits))
+        self.lock_permits(key, Some(permits), CallKind::Acquire)
             .await
             .map_err(|LockError::Closed| PermitsError::Closed)
     }
@@ -259,18 +263,28 @@ impl<K: LockKey> LockRegistry<K> {
         &self,
         key: K,
         permits: Option<Permits>,
+        call: CallKind,
     ) -> Result<KeyGuard<K>, LockError> {
+        let acquisition = Acquisition::start(call, &key, permits.map(|p| p.get()));
         let shard = self.shard_for(&key);
         // Only the pending grant is kept across the await (not the whole `Acquiring`), which
         // keeps every waiting `lock` future small.
         let pending = match shard.acquire(key.clone(), permits) {
-            Acquiring::Granted(granted) => return Ok(shard.guard(key, granted)),
+            Acquiring::Granted(granted) => return Ok(shard.guard(key, granted, acquisition)),
             Acquiring::Waiting(pending) => pending,
             // An acquire waits rather than be refused; only a closed shard ends it early.
-            Acquiring::WouldBlock | Acquiring::Closed => return Err(LockError::Closed),
+            Acquiring::WouldBlock | Acquiring::Closed => {
+                acquisition.closed();
+                return Err(LockError::Closed);
+            }
         };
-        let granted = pending.await.map_err(|_| LockError::Closed)?;
-        Ok(shard.guard(key, granted))
+        match pending.await {
+            Ok(granted) => Ok(shard.guard(key, granted, acquisition)),
+            Err(_) => {
+                acquisition.closed();
+                Err(LockError::Closed)
+            }
+        }
     }
 
     /// Takes `key` if it is free right now, without waiting.
@@ -304,7 +318,7 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub fn try_lock(&self, key: K) -> impl Future<Output = Result<KeyGuard<K>, TryLockError>> + '_ {
-        self.try_lock_permits(key, None)
+        self.try_lock_permits(key, None, CallKind::TryLock)
     }
 
     /// Takes one of `key`'s permits (a shared lock, see [`lock_shared`](Self::lock_shared))
@@ -341,7 +355,7 @@ impl<K: LockKey> LockRegistry<K> {
         &self,
         key: K,
     ) -> impl Future<Output = Result<KeyGuard<K>, TryLockError>> + '_ {
-        self.try_lock_permits(key, Some(Permits(NonZeroU32::MIN)))
+        self.try_lock_permits(key, Some(Permits(NonZeroU32::MIN)), CallKind::TryLockShared)
     }
 
     /// Takes `permits` of `key`'s permits if they are free right now and nobody waits for the
@@ -381,7 +395,7 @@ impl<K: LockKey> LockRegistry<K> {
                 requested,
                 capacity,
             })?;
-        self.try_lock_permits(key, Some(permits))
+        self.try_lock_permits(key, Some(permits), CallKind::TryAcquire)
             .await
             .map_err(|error| match error {
                 TryLockError::WouldBlock => TryPermitsError::WouldBlock,
@@ -394,19 +408,20 @@ impl<K: LockKey> LockRegistry<K> {
         &self,
         key: K,
         permits: Option<Permits>,
+        call: CallKind,
     ) -> Result<KeyGuard<K>, TryLockError> {
+        let acquisition = Acquisition::start(call, &key, permits.map(|p| p.get()));
         let shard = self.shard_for(&key);
         let pending = match shard.try_acquire(key.clone(), permits) {
-            Acquiring::Granted(granted) => return Ok(shard.guard(key, granted)),
+            Acquiring::Granted(granted) => return Ok(shard.guard(key, granted, acquisition)),
             Acquiring::Waiting(pending) => pending,
-            Acquiring::WouldBlock => return Err(TryLockError::WouldBlock),
-            Acquiring::Closed => return Err(TryLockError::Closed),
+            Acquiring::WouldBlock => return Err(refused(acquisition, NotGranted::WouldBlock)),
+            Acquiring::Closed => return Err(refused(acquisition, NotGranted::Closed)),
         };
-        let granted = pending.await.map_err(|not_granted| match not_granted {
-            NotGranted::WouldBlock => TryLockError::WouldBlock,
-            NotGranted::Closed => TryLockError::Closed,
-        })?;
-        Ok(shard.guard(key, granted))
+        match pending.await {
+            Ok(granted) => Ok(shard.guard(key, granted, acquisition)),
+            Err(not_granted) => Err(refused(acquisition, not_granted)),
+        }
     }
 
     /// Waits for every key of `keys` and returns a guard that holds them all, exclusively,
@@ -517,6 +532,16 @@ impl<K: LockKey> LockRegistry<K> {
         keys_by_shard: Vec<(usize, KeySet<K>)>,
         wait: Wait,
     ) -> Result<MultiGuard<K>, TryLockError> {
+        let call = match wait {
+            Wait::Yes => CallKind::LockAll,
+            Wait::No => CallKind::TryLockAll,
+        };
+        let all_keys: Vec<&K> = keys_by_shard
+            .iter()
+            .flat_map(|(_, keys)| keys.as_slice())
+            .collect();
+        let mut acquisition = Acquisition::start(call, &all_keys, None);
+        drop(all_keys);
         let mut guard = MultiGuard::new();
         for (shard, keys) in keys_by_shard {
             let shard = &self.shards[shard];
@@ -527,16 +552,21 @@ impl<K: LockKey> LockRegistry<K> {
             };
             let granted = match acquiring {
                 Acquiring::Granted(granted) => granted,
-                Acquiring::Waiting(pending) => pending.await.map_err(|refused| match refused {
-                    NotGranted::WouldBlock => TryLockError::WouldBlock,
-                    NotGranted::Closed => TryLockError::Closed,
-                })?,
-                Acquiring::WouldBlock => return Err(TryLockError::WouldBlock),
-                Acquiring::Closed => return Err(TryLockError::Closed),
+                Acquiring::Waiting(pending) => match pending.await {
+                    Ok(granted) => granted,
+                    Err(not_granted) => return Err(refused(acquisition, not_granted)),
+                },
+                Acquiring::WouldBlock => {
+                    return Err(refused(acquisition, NotGranted::WouldBlock));
+                }
+                Acquiring::Closed => return Err(refused(acquisition, NotGranted::Closed)),
             };
             guard.push(keys_held, granted.fencing_token, shard.held(granted));
         }
-        Ok(guard)
+        // One span for the whole call, granted once every shard has granted; it reports the
+        // first shard's token.
+        acquisition.granted(guard.first_fencing_token().unwrap_or(0));
+        Ok(guard.observed(acquisition))
     }
 
     /// The distinct keys of `keys`, split by the shard that owns them, in ascending shard
@@ -857,8 +887,23 @@ impl<K: LockKey> LockRegistry<K> {
         &self.shard_for(key).actor_ref
     }
 
+    #[inline]
     fn shard_for(&self, key: &K) -> &Shard<K> {
         &self.shards[self.router.shard_of(key)]
+    }
+}
+
+/// The error a try call or a closed registry ends an acquisition with, reported to its span.
+fn refused(acquisition: Acquisition, not_granted: NotGranted) -> TryLockError {
+    match not_granted {
+        NotGranted::WouldBlock => {
+            acquisition.would_block();
+            TryLockError::WouldBlock
+        }
+        NotGranted::Closed => {
+            acquisition.closed();
+            TryLockError::Closed
+        }
     }
 }
 
@@ -963,12 +1008,15 @@ impl<K: LockKey> Shard<K> {
         }
     }
 
-    fn guard(&self, key: K, granted: Granted) -> KeyGuard<K> {
+    #[inline]
+    fn guard(&self, key: K, granted: Granted, mut acquisition: Acquisition) -> KeyGuard<K> {
+        acquisition.granted(granted.fencing_token);
         KeyGuard::new(
             key,
             granted.waiter_id,
             granted.fencing_token,
             self.requests.clone(),
+            acquisition,
         )
     }
 
@@ -1041,9 +1089,13 @@ impl<K: LockKey> Drop for PendingGrant<'_, K> {
     }
 }
 
+/// The shortest stall threshold: shorter ones would have the timer spin.
+const MIN_STALL_THRESHOLD: Duration = Duration::from_millis(1);
+
 /// Builds a [`LockRegistry`] with non-default settings; made by [`LockRegistry::builder`].
 pub struct RegistryBuilder<K: LockKey> {
     journal_capacity: Option<usize>,
+    stall_thresholds: StallThresholds,
     capacity: NonZeroU32,
     shards: NonZeroUsize,
     execution: Execution,
@@ -1161,6 +1213,68 @@ impl<K: LockKey> RegistryBuilder<K> {
         self
     }
 
+    /// Warns (one `tracing` warning, target `keyed_locks::stall`) about every hold that lasts
+    /// longer than `threshold`, once per hold, with the key, the fencing token and how long it
+    /// has been held so far: the classic production stall, a guard kept across a slow call or
+    /// forgotten in a long-lived struct. Off by default.
+    ///
+    /// Each shard then runs a timer task that wakes when the oldest hold comes due (at least
+    /// once per `threshold`), and each grant is noted with the time it was made. When no
+    /// warning is set there is no timer and no clock reading. A threshold below 1 ms counts as
+    /// 1 ms.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keyed_locks::LockError> {
+    /// let registry = keyed_locks::LockRegistry::builder()
+    ///     .warn_held_longer_than(Duration::from_secs(5))
+    ///     .spawn();
+    /// let guard = registry.lock("invoice:12").await?;
+    /// // Held for more than 5 s from here on: one warning, "key held longer than the threshold".
+    /// # drop(guard);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use = "a builder does nothing until `spawn`"]
+    pub fn warn_held_longer_than(mut self, threshold: Duration) -> Self {
+        self.stall_thresholds.held_longer_than = Some(threshold.max(MIN_STALL_THRESHOLD));
+        self
+    }
+
+    /// Warns (one `tracing` warning, target `keyed_locks::stall`) when a key was granted to a
+    /// waiting future that has not picked the grant up `threshold` later, once per grant, with
+    /// the key, the fencing token and how long the grant has waited. Off by default.
+    ///
+    /// This is the symptom of a "futurelock": the future that asked for the key is still
+    /// alive but no longer polled (for example the losing branch of a `select!` over
+    /// `&mut fut` in a loop), so the key is held by nobody who runs and everyone behind it
+    /// waits. See the crate docs' FAQ for how to avoid it. The cost when set and unset is as
+    /// for [`warn_held_longer_than`](Self::warn_held_longer_than); a threshold below 1 ms counts
+    /// as 1 ms.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let registry = keyed_locks::LockRegistry::<u64>::builder()
+    ///     .warn_ungranted_pickup_after(Duration::from_millis(500))
+    ///     .spawn();
+    /// # drop(registry);
+    /// # }
+    /// ```
+    #[must_use = "a builder does nothing until `spawn`"]
+    pub fn warn_ungranted_pickup_after(mut self, threshold: Duration) -> Self {
+        self.stall_thresholds.ungranted_pickup_after = Some(threshold.max(MIN_STALL_THRESHOLD));
+        self
+    }
+
     /// Whether the registry will keep a journal.
     #[cfg(feature = "postgres")]
     pub(crate) fn journaling(&self) -> bool {
@@ -1197,9 +1311,13 @@ impl<K: LockKey> RegistryBuilder<K> {
                     final_journal: Arc::clone(&final_journal),
                     shard,
                     router: router.clone(),
+                    stall_thresholds: self.stall_thresholds,
                 };
                 let (requests, receiver) =
                     run_token::run_token(|weak| Owner::new(owner_config, weak), self.execution);
+                if let Some(shortest) = self.stall_thresholds.shortest() {
+                    tokio::spawn(stall::watch_for_stalls(requests.downgrade(), shortest));
+                }
                 let config = RegistryConfig { requests: receiver };
                 // Spawned by hand rather than with `spawn_with_mailbox`, which wraps the task in a
                 // task-local scope (for kameo's `is_current`, which nothing here uses) that costs
@@ -1230,6 +1348,7 @@ impl<K: LockKey> fmt::Debug for RegistryBuilder<K> {
             .field("capacity", &self.capacity)
             .field("shards", &self.shards)
             .field("execution", &self.execution)
+            .field("stall_thresholds", &self.stall_thresholds)
             .finish()
     }
 }

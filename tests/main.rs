@@ -1,6 +1,7 @@
 //! The integration tests, one module per behaviour, each stating its rule in its first line.
 //! One binary, so that the suite links tokio, kameo and proptest once.
 
+mod acquisition_spans;
 mod actor_death;
 mod bounds;
 mod cancel_safety;
@@ -23,6 +24,9 @@ mod permits;
 // Not a behaviour: the one model of the table's rules that `table_model` and
 // `exhaustive_small_scope` check the real table against.
 mod reference_model;
+// Not a behaviour: a `tracing` layer that records events and spans, for the tests of what the
+// registry reports.
+mod recorder;
 mod replay;
 mod replay_fuzz;
 mod replay_regressions;
@@ -30,6 +34,7 @@ mod run_on_caller;
 mod seed_scenario;
 mod shards;
 mod shutdown;
+mod stall_warnings;
 mod table_model;
 mod trace_format;
 mod tracing_events;

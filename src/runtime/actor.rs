@@ -32,6 +32,7 @@ use crate::error::{AcquireError, TryAcquireError};
 use crate::guard::KeyGuard;
 use crate::journal::Journal;
 use crate::messages::{Acquire, GetJournal, GetStats, TryAcquire};
+use crate::observe::OWNER_TARGET;
 use crate::owner::{Effects, Owner};
 use crate::request::{Delivery, Outcome, Request, RequestReceiver};
 use crate::run_token::{ACTOR_SERVE_BOUND, Work};
@@ -164,7 +165,7 @@ impl<K: LockKey> Actor for RegistryActor<K> {
         _: WeakActorRef<Self>,
         reason: ActorStopReason,
     ) -> Result<(), Infallible> {
-        debug!(%reason, "registry actor stopping");
+        debug!(target: OWNER_TARGET, %reason, "registry actor stopping");
         // Waits, if a caller is running a step, until it lets go: steps are short and never
         // await.
         if let Some(token) = poll_fn(|cx| self.requests.poll_token(cx)).await {
@@ -186,6 +187,7 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
         let (delegated, reply) = ctx.reply_sender();
         let Some(reply) = reply else {
             debug!(
+                target: OWNER_TARGET,
                 ?key,
                 "acquire sent with tell has nobody to grant to: ignored"
             );
@@ -196,7 +198,7 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
         let refused = self
             .with_owner(|owner, effects| {
                 if !owner.owns(&key) {
-                    debug!(?key, "acquire sent to the wrong shard: refused");
+                    debug!(target: OWNER_TARGET, ?key, "acquire sent to the wrong shard: refused");
                     return Some(reply);
                 }
                 let delivery = Delivery::Message(Box::new(Box::new(move |guard: Option<_>| {
@@ -234,7 +236,7 @@ impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
         let reply = self
             .with_owner(|owner, effects| {
                 if !owner.owns(&key) {
-                    debug!(?key, "try acquire sent to the wrong shard: refused");
+                    debug!(target: OWNER_TARGET, ?key, "try acquire sent to the wrong shard: refused");
                     return Err(TryAcquireError::WrongShard);
                 }
                 match owner.step(

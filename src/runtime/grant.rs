@@ -202,6 +202,14 @@ impl GrantSender {
             .is_none_or(|slot| slot.lock().state == SlotState::Abandoned)
     }
 
+    /// A way for the owner to see, after granting, whether the receiver took the grant.
+    /// `None` once a grant or a would-block was given.
+    pub(crate) fn pickup_check(&self) -> Option<PickupCheck> {
+        self.slot
+            .as_ref()
+            .map(|slot| PickupCheck(SlotHold(Arc::clone(&slot.0))))
+    }
+
     /// Records that the request waits under `waiter_id`, so that a give-up becomes a cancel.
     ///
     /// # Errors
@@ -245,6 +253,18 @@ impl GrantSender {
     pub(crate) fn would_block(mut self) -> Option<Waker> {
         let slot = self.slot.take()?;
         resolve_unless_granted(&slot, SlotState::WouldBlock)
+    }
+}
+
+/// The owner's look at a channel it granted through: whether the grant still waits for its
+/// receiver. Holding it keeps the slot from being reused; the last hold recycles it as usual.
+#[derive(Debug)]
+pub(crate) struct PickupCheck(SlotHold);
+
+impl PickupCheck {
+    /// Whether the grant was made and its receiver has neither taken it nor given up.
+    pub(crate) fn is_waiting(&self) -> bool {
+        matches!(self.0.lock().state, SlotState::Granted(_))
     }
 }
 

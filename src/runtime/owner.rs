@@ -19,9 +19,12 @@ use crate::LockKey;
 use crate::grant::{self, Granted};
 use crate::guard::KeyGuard;
 use crate::journal::{Journal, JournaledTable};
+use crate::observe::{Acquisition, OWNER_TARGET};
 use crate::request::{Delivery, MessageReply, Outcome, Request, WeakRequestSender};
 use crate::run_token::{CALLER_SERVE_BOUND, Entry, Owned};
+use crate::runtime::metrics::ShardMetrics;
 use crate::shard::ShardRouter;
+use crate::stall::{StallThresholds, StallWatch};
 use crate::stats::RegistryStats;
 use crate::table::{Acquired, Grant, KeySet, Permits, WaiterId, WouldBlock};
 
@@ -44,6 +47,10 @@ pub(crate) struct Owner<K: LockKey> {
     shard: usize,
     /// Which keys this shard owns, and how its table's tokens become the registry's.
     router: ShardRouter,
+    /// The grants to check on for stall warnings; `None` (the default) if none is asked for.
+    stalls: Option<Box<StallWatch>>,
+    /// What the shard reports to the `metrics` facade; nothing without the feature.
+    metrics: ShardMetrics,
 }
 
 /// What a shard's owner is built from.
@@ -55,6 +62,7 @@ pub(crate) struct OwnerConfig<K> {
     pub(crate) final_journal: Arc<OnceLock<Journal<K>>>,
     pub(crate) shard: usize,
     pub(crate) router: ShardRouter,
+    pub(crate) stall_thresholds: StallThresholds,
 }
 
 /// What steps leave to do once the token is let go: tasks to wake and kameo replies to send.
@@ -153,15 +161,24 @@ impl<K: LockKey> Owner<K> {
             final_journal: config.final_journal,
             shard: config.shard,
             router: config.router,
+            stalls: StallWatch::new(config.stall_thresholds).map(Box::new),
+            metrics: ShardMetrics::new(),
         }
     }
 
     /// Runs one request to the end: the owner's one step, whoever runs it.
     #[inline]
     pub(crate) fn step(&mut self, request: Request<K>, effects: &mut Effects<K>) -> Outcome<K> {
+        let outcome = self.take(request, effects);
+        self.metrics.report(|| self.table.table().stats());
+        outcome
+    }
+
+    #[inline]
+    fn take(&mut self, request: Request<K>, effects: &mut Effects<K>) -> Outcome<K> {
         if request.gave_up() {
             // The caller gave up before the request got here: touch nothing, make no entry.
-            debug!(?request, "withdrawn before it arrived");
+            debug!(target: OWNER_TARGET, ?request, "withdrawn before it arrived");
             return Outcome::Done;
         }
         match request {
@@ -195,6 +212,16 @@ impl<K: LockKey> Owner<K> {
                     Some(reply) => {
                         // A caller that gave up does not want the answer.
                         let _ = reply.send(stats);
+                        Outcome::Done
+                    }
+                }
+            }
+            Request::CheckStalls { reply } => {
+                let next = self.check_stalls();
+                match reply {
+                    None => Outcome::NextCheck(next),
+                    Some(reply) => {
+                        let _ = reply.send(next);
                         Outcome::Done
                     }
                 }
@@ -238,7 +265,7 @@ impl<K: LockKey> Owner<K> {
         delivery: Delivery<K>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
-        debug!(?key, "acquire");
+        debug!(target: OWNER_TARGET, ?key, "acquire");
         self.stamp_time();
         let acquired = match permits {
             None => self.table.acquire(key, delivery),
@@ -253,7 +280,7 @@ impl<K: LockKey> Owner<K> {
         delivery: Delivery<K>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
-        debug!(keys = ?keys.as_slice(), "acquire of several keys");
+        debug!(target: OWNER_TARGET, keys = ?keys.as_slice(), "acquire of several keys");
         self.stamp_time();
         let acquired = self.table.acquire_all(keys, delivery);
         self.grant_or_queue(acquired, effects)
@@ -295,7 +322,7 @@ impl<K: LockKey> Owner<K> {
         grant: Option<grant::GrantSender>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
-        debug!(?key, "try acquire");
+        debug!(target: OWNER_TARGET, ?key, "try acquire");
         self.stamp_time();
         let taken = match permits {
             None => self.table.try_acquire(key),
@@ -310,7 +337,7 @@ impl<K: LockKey> Owner<K> {
         grant: Option<grant::GrantSender>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
-        debug!(keys = ?keys.as_slice(), "try acquire of several keys");
+        debug!(target: OWNER_TARGET, keys = ?keys.as_slice(), "try acquire of several keys");
         self.stamp_time();
         let taken = self.table.try_acquire_all(keys);
         self.grant_or_refuse(taken, grant, effects)
@@ -332,8 +359,12 @@ impl<K: LockKey> Owner<K> {
                 fencing_token: granted.fencing_token,
                 delivery: grant.map_or(Delivery::Caller, Delivery::Channel),
             }),
-            (Err(_), None) => return Outcome::WouldBlock,
+            (Err(_), None) => {
+                self.metrics.would_block();
+                return Outcome::WouldBlock;
+            }
             (Err(_), Some(grant)) => {
+                self.metrics.would_block();
                 if let Some(waker) = grant.would_block() {
                     effects.wake(waker);
                 }
@@ -358,11 +389,20 @@ impl<K: LockKey> Owner<K> {
         }) = self.granted.pop()
         {
             let fencing_token = self.registry_token(fencing_token);
-            debug!(keys = ?self.table.table().keys_of(waiter_id), fencing_token, "grant");
+            debug!(
+                target: OWNER_TARGET,
+                keys = ?self.table.table().keys_of(waiter_id),
+                fencing_token,
+                "grant"
+            );
+            self.metrics.grant();
             let granted = Granted {
                 waiter_id,
                 fencing_token,
             };
+            if let Some(stalls) = &mut self.stalls {
+                stalls.granted(self.started, waiter_id, fencing_token, &delivery);
+            }
             match delivery {
                 Delivery::Caller => own_grant = Some(granted),
                 Delivery::Channel(sender) => match sender.grant(granted) {
@@ -373,7 +413,10 @@ impl<K: LockKey> Owner<K> {
                     }
                     // The waiter gave up while its grant was being made; a cancel for it may
                     // be on its way, and will find nothing. Pass the key on now.
-                    Err(_abandoned) => self.release(waiter_id),
+                    Err(_abandoned) => {
+                        self.metrics.cancellation();
+                        self.release(waiter_id);
+                    }
                 },
                 Delivery::Message(reply) => {
                     let guard = self.guard_for_message(waiter_id, fencing_token);
@@ -398,7 +441,14 @@ impl<K: LockKey> Owner<K> {
         let key = self.table.table().key_of(waiter_id).cloned();
         match (key, self.weak_requests.upgrade()) {
             (Some(key), Some(requests)) => {
-                Some(KeyGuard::new(key, waiter_id, fencing_token, requests))
+                // A kameo message has no acquisition span: only the handle's calls do.
+                Some(KeyGuard::new(
+                    key,
+                    waiter_id,
+                    fencing_token,
+                    requests,
+                    Acquisition::default(),
+                ))
             }
             _ => {
                 self.release(waiter_id);
@@ -410,18 +460,21 @@ impl<K: LockKey> Owner<K> {
     #[inline]
     fn release(&mut self, waiter_id: WaiterId) {
         match self.table.release(waiter_id, &mut self.granted) {
-            Ok(key) => debug!(?key, "release"),
+            Ok(key) => debug!(target: OWNER_TARGET, ?key, "release"),
             // Only a bug can get here: releases come from guards and abandoned grants, one per
             // grant. Refusing keeps the table intact.
-            Err(error) => warn!(%error, "release refused"),
+            Err(error) => warn!(target: OWNER_TARGET, %error, "release refused"),
         }
     }
 
     fn cancel(&mut self, waiter_id: WaiterId) {
         match self.table.cancel(waiter_id, &mut self.granted) {
-            Ok((key, _delivery)) => debug!(?key, "cancel"),
+            Ok((key, _delivery)) => {
+                self.metrics.cancellation();
+                debug!(target: OWNER_TARGET, ?key, "cancel");
+            }
             // The waiter was granted (and its grant refused) before its cancel arrived.
-            Err(error) => debug!(%error, "cancel found nothing to withdraw"),
+            Err(error) => debug!(target: OWNER_TARGET, %error, "cancel found nothing to withdraw"),
         }
     }
 
@@ -442,7 +495,7 @@ impl<K: LockKey> Owner<K> {
         drop(queued);
         self.stamp_time();
         let waiters = self.table.shutdown();
-        debug!(waiters = waiters.len(), "registry closing");
+        debug!(target: OWNER_TARGET, waiters = waiters.len(), "registry closing");
         // Grants cut short by a panic in the middle of a delivery are closed too.
         let cut_short = self.granted.drain(..).map(|grant| grant.delivery);
         for delivery in waiters.into_iter().map(|(_, d)| d).chain(cut_short) {
@@ -454,6 +507,17 @@ impl<K: LockKey> Owner<K> {
         }
         if self.table.is_journaling() {
             let _ = self.final_journal.set(self.table.journal());
+        }
+        self.metrics.close();
+    }
+
+    /// Warns about the stalls that came due, and says how long the stall timer may sleep.
+    fn check_stalls(&mut self) -> std::time::Duration {
+        let now = self.started.elapsed();
+        match &mut self.stalls {
+            Some(stalls) => stalls.check(now, self.table.table()),
+            // No timer runs without a watch; this answer only stops one that somehow asks.
+            None => std::time::Duration::MAX,
         }
     }
 

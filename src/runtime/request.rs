@@ -5,6 +5,8 @@
 //! [`Delivery::Caller`]). A request that finds the owner busy waits in the queue with a channel
 //! to answer it through, and whoever serves it later answers there.
 
+use std::time::Duration;
+
 use tokio::sync::oneshot;
 
 use crate::LockKey;
@@ -58,6 +60,11 @@ pub(crate) enum Request<K: LockKey> {
     /// A [`journal`](crate::LockRegistry::journal) call. `None`: the caller runs the step.
     Journal {
         reply: Option<oneshot::Sender<Journal<K>>>,
+    },
+    /// The stall timer's check ([`crate::stall`]): warn about what came due. `None`: the
+    /// caller runs the step.
+    CheckStalls {
+        reply: Option<oneshot::Sender<Duration>>,
     },
     /// A note for the journal ([`JournalEvent::is_note`]), sent only while one is on.
     #[cfg(feature = "postgres")]
@@ -132,6 +139,8 @@ pub(crate) enum Outcome<K: LockKey> {
     WouldBlock,
     /// The counts asked for.
     Stats(RegistryStats),
+    /// How long the stall timer may sleep before its next check.
+    NextCheck(Duration),
     /// The journal asked for. Boxed: journals are asked for rarely, and a small `Outcome`
     /// keeps its drop, which every lock and release runs, small.
     Journal(Box<Journal<K>>),
@@ -152,9 +161,11 @@ impl<K: LockKey> Outcome<K> {
         }
         match self {
             // Nothing in these needs dropping: forgetting them leaves nothing behind.
-            Outcome::Done | Outcome::Granted(_) | Outcome::WouldBlock | Outcome::Stats(_) => {
-                std::mem::forget(self)
-            }
+            Outcome::Done
+            | Outcome::Granted(_)
+            | Outcome::WouldBlock
+            | Outcome::Stats(_)
+            | Outcome::NextCheck(_) => std::mem::forget(self),
             other => drop_out_of_line(other),
         }
     }

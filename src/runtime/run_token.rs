@@ -220,6 +220,13 @@ impl<S: Owned<R>, R> Sender<S, R> {
         Entry::Busy(Queue { state })
     }
 
+    /// A sender that does not keep the owner running.
+    pub(crate) fn downgrade(&self) -> WeakSender<S, R> {
+        WeakSender {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
     /// Whether requests are refused from now on.
     pub(crate) fn is_closed(&self) -> bool {
         self.shared.lock().closed
