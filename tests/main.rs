@@ -16,6 +16,8 @@ mod fifo;
 mod journal;
 mod lock_all;
 mod message_api;
+#[cfg(feature = "metrics")]
+mod metrics_facade;
 mod mutual_exclusion;
 mod no_leak;
 mod ordering;
