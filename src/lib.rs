@@ -72,6 +72,118 @@
 //!   crate does 1.2× (one key, many tasks) to 1.5× (many keys, many tasks) more lock/unlock
 //!   pairs per second. The README has the figures and the commands that measure them.
 
+//! # Observing it in a service
+//!
+//! **Spans.** Every acquisition through the handle is a debug-level `tracing` span named
+//! `acquisition`, target `keyed_locks::lock`, with the fields `call` (`"lock"`,
+//! `"lock_shared"`, `"acquire"`, `"try_lock"`, ..., `"lock_all"`), `key` (its `Debug`; the
+//! list of keys for `lock_all`), `permits` (for `acquire` and shared locks), and, once known,
+//! `fencing_token`, `wait_us` (call to grant) and `hold_us` (grant to release). Inside it come
+//! the events `granted`, `released`, `cancelled` (the future was dropped before it got the
+//! key), `would block` and `closed`. The span lives in the call's future and then in the guard.
+//! When no subscriber wants debug-level data the span is not made at all: the check is one
+//! load of `tracing`'s global level filter (the `interleaved` and `observability` benchmarks
+//! show no difference; `docs/performance-log.md` in the repository has the counts).
+//!
+//! **Targets**, for filters such as `RUST_LOG=keyed_locks::stall=warn`:
+//! - `keyed_locks::lock`: the acquisition spans and their events (debug);
+//! - `keyed_locks::owner`: every request the owner takes (`acquire`, `grant`, `release`,
+//!   `cancel`, debug), and a `release refused` warning that only a bug can cause;
+//! - `keyed_locks::stall`: the stall warnings below (warn).
+//!
+//! **Stall warnings.** [`RegistryBuilder::warn_held_longer_than`] warns once per hold that
+//! passes its threshold, with the key, the fencing token and how long it has been held;
+//! [`RegistryBuilder::warn_ungranted_pickup_after`] warns once per grant that its future has
+//! not picked up in time (a futurelock, see the FAQ). Both are off by default and cost nothing
+//! then.
+//!
+//! **Metrics** (feature `metrics`, through the [`metrics`](https://docs.rs/metrics) facade;
+//! the application installs the exporter, before building the registry):
+//!
+//! | name | kind | meaning |
+//! |---|---|---|
+//! | `keyed_locks_grants_total` | counter | grants made |
+//! | `keyed_locks_cancellations_total` | counter | waiters that gave up, queued or with their grant in flight |
+//! | `keyed_locks_would_blocks_total` | counter | try calls refused because the key was taken |
+//! | `keyed_locks_keys` | gauge | entries in the lock map |
+//! | `keyed_locks_held` | gauge | keys held |
+//! | `keyed_locks_waiting` | gauge | callers queued |
+//! | `keyed_locks_wait_seconds` | histogram | from a handle's call to its grant |
+//! | `keyed_locks_hold_seconds` | histogram | from a grant to the guard's drop |
+//!
+//! There are no labels: a label per key would make one series per key, without bound. The
+//! gauges are sums over every shard of every registry in the process. With the feature on,
+//! every call reads the clock twice and allocates its observation, so switch it on where the
+//! numbers are wanted.
+//!
+//! # FAQ
+//!
+//! **I locked a key I already hold and the task hangs.** Locks are not re-entrant: a
+//! second [`lock`](LockRegistry::lock) of a key from the task that holds it queues behind
+//! that task's own guard, which is never dropped while the task waits. Keep the guard and pass
+//! it (or a reference) down instead of locking again, or use
+//! [`try_lock`](LockRegistry::try_lock), which answers [`TryLockError::WouldBlock`] rather
+//! than wait:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let registry = keyed_locks::LockRegistry::spawn();
+//! let guard = registry.lock("account:1").await?;
+//! // Would wait for ever: this task holds the key.
+//! let again = tokio::time::timeout(
+//!     std::time::Duration::from_millis(10),
+//!     registry.lock("account:1"),
+//! );
+//! assert!(again.await.is_err());
+//! assert_eq!(
+//!     registry.try_lock("account:1").await.unwrap_err(),
+//!     keyed_locks::TryLockError::WouldBlock
+//! );
+//! # drop(guard);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! **What if a guard is passed to `std::mem::forget`?** Its key stays held for the life of
+//! the registry, as with any forgotten mutex guard: forgetting is safe in Rust, so it cannot
+//! be forbidden, and the registry cannot tell a forgotten guard from a long hold.
+//! [`warn_held_longer_than`](RegistryBuilder::warn_held_longer_than) is how you find one;
+//! [`stats`](LockRegistry::stats) shows the key as held. Nothing else is affected: other
+//! keys, and the map's entry count, stay as they are.
+//!
+//! **What is a futurelock, and how do I avoid it?** Strict FIFO means the key goes to the
+//! first waiter the moment it is free, even if that waiter's future is no longer being polled.
+//! The usual cause is `select!` over `&mut fut` in a loop: the branch that lost keeps its
+//! future alive (so it stays queued and gets the grant) while the task works elsewhere, maybe
+//! waiting for something that needs the same key. The key is then held by nobody who runs.
+//! Avoid it by dropping a lock future you are not polling (a `select!` on the future itself,
+//! not on `&mut`, drops the loser, and dropping is always safe here), or by spawning the
+//! locked work as its own task. [`warn_ungranted_pickup_after`](RegistryBuilder::warn_ungranted_pickup_after)
+//! reports the symptom: a grant nobody picked up.
+//!
+//! **Why is there no lock timeout parameter?** Because every call is cancel safe: dropping
+//! a waiting future leaves nothing behind, so `tokio::time::timeout(d, registry.lock(k))` is
+//! the timeout, and `select!` with any other event (shutdown, a client disconnect) works the
+//! same way. A parameter would do the same thing with less choice.
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), keyed_locks::LockError> {
+//! let registry = keyed_locks::LockRegistry::spawn();
+//! let held = registry.lock("job:3").await?;
+//! match tokio::time::timeout(Duration::from_millis(50), registry.lock("job:3")).await {
+//!     Ok(guard) => drop(guard?),
+//!     Err(_elapsed) => println!("busy; try later"),  // and no entry is left behind
+//! }
+//! drop(held);
+//! assert_eq!(registry.stats().await?.keys, 0);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Stability and supported versions
 //!
 //! Everything public follows semver: the handle, the guard, the errors, the kameo
@@ -96,8 +208,9 @@
 // - `pure`: the lock table and what records, writes and replays it. No tokio, no kameo, no
 //   clock; it imports nothing from the other layers.
 // - `runtime`: the owner of each shard's table at run time: the run token and its queue, the
-//   owner's step, the grant channels, the actor, the shard router.
-// - the public face, at the top: the handle, the guard, the messages, the errors.
+//   owner's step, the grant channels, the actor, the shard router, the stall timer, metrics.
+// - the public face, at the top: the handle, the guard, the messages, the errors, and what
+//   each acquisition tells `tracing` (`observe`).
 mod pure;
 mod runtime;
 // Cluster mode (the `postgres` feature): the same locks across processes, with leases per key
