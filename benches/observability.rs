@@ -27,10 +27,13 @@ struct Discard;
 
 impl<S: tracing::Subscriber> Layer<S> for Discard {}
 
+/// Makes a case's subscriber; `None` for none.
+type MakeDispatch = fn() -> Option<Dispatch>;
+
 /// The subscribers, each made only when its turn comes: `tracing` sets its global level
 /// filter and each callsite's interest from every subscriber alive, so one that takes debug
 /// would make the one at info pay for it too.
-fn subscribers() -> [(&'static str, fn() -> Option<Dispatch>); 3] {
+fn subscribers() -> [(&'static str, MakeDispatch); 3] {
     [
         ("no subscriber", || None),
         ("subscriber at info", || {
