@@ -29,6 +29,9 @@
 //! curl localhost:3000/metrics    # Prometheus text with --features metrics; else a JSON 404
 //! ```
 //!
+//! Warnings go to stderr, among them the registry's stall warnings: a request that holds its
+//! account for more than a second, or a grant that no request picks up within one.
+//!
 //! Amounts are whole numbers of minor units (cents), from 1 to 1,000,000,000 per request;
 //! balances are `u64` and never go below 0. Every error is JSON, `{"error": "..."}`, with a
 //! 4xx status (`api.rs` lists them). Ctrl-C stops the service once the requests in flight
@@ -43,6 +46,7 @@ mod metrics;
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use keyed_locks::LockRegistry;
 
@@ -52,6 +56,12 @@ use crate::cli::Command;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Warnings on stderr (the registry's stall warnings among them); stdout stays the
+    // address line alone.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::WARN)
+        .init();
     let (addr, lock_accounts) = match cli::parse(std::env::args().skip(1)) {
         Ok(Command::Serve { addr, lock }) => (addr, lock),
         Ok(Command::Help) => {
@@ -73,12 +83,21 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(addr: std::net::SocketAddr, lock_accounts: bool) -> Result<(), String> {
+    // First: the registry takes its counters and gauges from the recorder installed when it
+    // is built.
+    let metrics_routes = metrics::routes()?;
+    let registry = LockRegistry::builder()
+        // A hold this long means a request is stuck inside its read-modify-write.
+        .warn_held_longer_than(Duration::from_secs(1))
+        // A grant nobody takes means a lock future that is no longer polled (a futurelock).
+        .warn_ungranted_pickup_after(Duration::from_secs(1))
+        .spawn();
     let state = AppState {
-        registry: LockRegistry::spawn(),
+        registry,
         accounts: Arc::new(Accounts::default()),
         lock_accounts,
     };
-    let app = api::with_fallbacks(api::routes(state).merge(metrics::routes()?));
+    let app = api::with_fallbacks(api::routes(state).merge(metrics_routes));
 
     let listener = tokio::net::TcpListener::bind(addr)
         .await
