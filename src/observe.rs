@@ -19,6 +19,8 @@ use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::{Span, debug, debug_span};
 
+use crate::runtime::metrics::Histograms;
+
 /// The target of the acquisition spans and their events.
 pub(crate) const LOCK_TARGET: &str = "keyed_locks::lock";
 /// The target of the owner's events: every request it takes, at debug level.
@@ -63,6 +65,8 @@ pub(crate) struct Acquisition(Option<Box<Observed>>);
 struct Observed {
     /// Disabled when only the `metrics` feature needs this acquisition.
     span: Span,
+    #[cfg(feature = "metrics")]
+    histograms: Histograms,
     asked: Instant,
     stage: Stage,
 }
@@ -84,16 +88,26 @@ impl Acquisition {
     /// Inline, the check that nothing listens: one load of `tracing`'s global level filter
     /// (unless the `metrics` feature is on). The span is made out of line.
     #[inline]
-    pub(crate) fn start(call: CallKind, key: &dyn Debug, permits: Option<u32>) -> Self {
+    pub(crate) fn start(
+        call: CallKind,
+        key: &dyn Debug,
+        permits: Option<u32>,
+        histograms: &Histograms,
+    ) -> Self {
         if !cfg!(feature = "metrics") && !tracing::level_enabled!(tracing::Level::DEBUG) {
             return Acquisition(None);
         }
-        Acquisition::start_observed(call, key, permits)
+        Acquisition::start_observed(call, key, permits, histograms)
     }
 
     #[cold]
     #[inline(never)]
-    fn start_observed(call: CallKind, key: &dyn Debug, permits: Option<u32>) -> Self {
+    fn start_observed(
+        call: CallKind,
+        key: &dyn Debug,
+        permits: Option<u32>,
+        #[cfg_attr(not(feature = "metrics"), expect(unused_variables))] histograms: &Histograms,
+    ) -> Self {
         let span = debug_span!(
             target: LOCK_TARGET,
             "acquisition",
@@ -109,6 +123,8 @@ impl Acquisition {
         }
         Acquisition(Some(Box::new(Observed {
             span,
+            #[cfg(feature = "metrics")]
+            histograms: histograms.clone(),
             asked: Instant::now(),
             stage: Stage::Waiting,
         })))
@@ -151,7 +167,7 @@ impl Observed {
         self.span.record("wait_us", wait_us);
         debug!(target: LOCK_TARGET, parent: &self.span, fencing_token, wait_us, "granted");
         #[cfg(feature = "metrics")]
-        crate::runtime::metrics::record_wait(wait);
+        self.histograms.record_wait(wait);
         self.stage = Stage::Holding { granted };
     }
 
@@ -167,7 +183,7 @@ impl Observed {
                 self.span.record("hold_us", hold_us);
                 debug!(target: LOCK_TARGET, parent: &self.span, hold_us, "released");
                 #[cfg(feature = "metrics")]
-                crate::runtime::metrics::record_hold(hold);
+                self.histograms.record_hold(hold);
             }
             Stage::Ended => {}
         }

@@ -24,6 +24,7 @@ use crate::observe::{Acquisition, CallKind};
 use crate::owner::{self, Call, Owner, OwnerConfig};
 use crate::request::{Delivery, Outcome, Request, RequestSender};
 use crate::run_token::{self, Execution};
+use crate::runtime::metrics::Histograms;
 use crate::shard::ShardRouter;
 use crate::stall::{self, StallThresholds};
 use crate::stats::RegistryStats;
@@ -66,6 +67,8 @@ pub struct LockRegistry<K: LockKey> {
     router: ShardRouter,
     /// Permits per key ([`RegistryBuilder::capacity`]).
     capacity: NonZeroU32,
+    /// The wait and hold histograms of the `metrics` feature; nothing without it.
+    histograms: Histograms,
 }
 
 /// The handle's end of one registry actor.
@@ -265,7 +268,8 @@ impl<K: LockKey> LockRegistry<K> {
         permits: Option<Permits>,
         call: CallKind,
     ) -> Result<KeyGuard<K>, LockError> {
-        let acquisition = Acquisition::start(call, &key, permits.map(|p| p.get()));
+        let acquisition =
+            Acquisition::start(call, &key, permits.map(|p| p.get()), &self.histograms);
         let shard = self.shard_for(&key);
         // Only the pending grant is kept across the await (not the whole `Acquiring`), which
         // keeps every waiting `lock` future small.
@@ -410,7 +414,8 @@ impl<K: LockKey> LockRegistry<K> {
         permits: Option<Permits>,
         call: CallKind,
     ) -> Result<KeyGuard<K>, TryLockError> {
-        let acquisition = Acquisition::start(call, &key, permits.map(|p| p.get()));
+        let acquisition =
+            Acquisition::start(call, &key, permits.map(|p| p.get()), &self.histograms);
         let shard = self.shard_for(&key);
         let pending = match shard.try_acquire(key.clone(), permits) {
             Acquiring::Granted(granted) => return Ok(shard.guard(key, granted, acquisition)),
@@ -540,7 +545,7 @@ impl<K: LockKey> LockRegistry<K> {
             .iter()
             .flat_map(|(_, keys)| keys.as_slice())
             .collect();
-        let mut acquisition = Acquisition::start(call, &all_keys, None);
+        let mut acquisition = Acquisition::start(call, &all_keys, None, &self.histograms);
         drop(all_keys);
         let mut guard = MultiGuard::new();
         for (shard, keys) in keys_by_shard {
@@ -1043,6 +1048,7 @@ impl<K: LockKey> Clone for LockRegistry<K> {
             shards: Arc::clone(&self.shards),
             router: self.router.clone(),
             capacity: self.capacity,
+            histograms: self.histograms.clone(),
         }
     }
 }
@@ -1337,6 +1343,7 @@ impl<K: LockKey> RegistryBuilder<K> {
             shards,
             router,
             capacity: self.capacity,
+            histograms: Histograms::new(),
         }
     }
 }

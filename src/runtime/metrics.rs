@@ -15,7 +15,8 @@
 //! No labels: a label per key would make one series per key, without bound. The gauges go up
 //! and down by each shard's changes, so several shards, and several registries in one
 //! process, add up. A shard takes its counter and gauge handles when it is built, from the
-//! recorder installed at that moment: install the recorder before building the registry.
+//! recorder installed at that moment (and so does the registry, for its histograms): install
+//! the recorder before building the registry.
 
 #[cfg(feature = "metrics")]
 pub(crate) use enabled::*;
@@ -40,7 +41,7 @@ pub(crate) mod names {
 mod enabled {
     use std::time::Duration;
 
-    use metrics::{Counter, Gauge, counter, gauge, histogram};
+    use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 
     use super::names;
     use crate::stats::RegistryStats;
@@ -109,18 +110,51 @@ mod enabled {
         }
     }
 
-    pub(crate) fn record_wait(wait: Duration) {
-        histogram!(names::WAIT_SECONDS).record(wait.as_secs_f64());
+    /// A registry's wait and hold histograms, taken from the recorder once, when the
+    /// registry is built: a handle records without looking its series up again.
+    #[derive(Clone)]
+    pub(crate) struct Histograms {
+        wait: Histogram,
+        hold: Histogram,
     }
 
-    pub(crate) fn record_hold(hold: Duration) {
-        histogram!(names::HOLD_SECONDS).record(hold.as_secs_f64());
+    impl Histograms {
+        pub(crate) fn new() -> Self {
+            Histograms {
+                wait: histogram!(names::WAIT_SECONDS),
+                hold: histogram!(names::HOLD_SECONDS),
+            }
+        }
+
+        pub(crate) fn record_wait(&self, wait: Duration) {
+            self.wait.record(wait.as_secs_f64());
+        }
+
+        pub(crate) fn record_hold(&self, hold: Duration) {
+            self.hold.record(hold.as_secs_f64());
+        }
+    }
+
+    impl std::fmt::Debug for Histograms {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Histograms").finish_non_exhaustive()
+        }
     }
 }
 
 #[cfg(not(feature = "metrics"))]
 mod disabled {
     use crate::stats::RegistryStats;
+
+    /// Nothing: the `metrics` feature is off.
+    #[derive(Debug, Clone)]
+    pub(crate) struct Histograms;
+
+    impl Histograms {
+        pub(crate) fn new() -> Self {
+            Histograms
+        }
+    }
 
     /// Nothing: the `metrics` feature is off.
     pub(crate) struct ShardMetrics;
