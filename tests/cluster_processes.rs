@@ -2,7 +2,6 @@
 //! --features postgres` with the other examples), run several times at once against the real
 //! PostgreSQL server, stopped, killed and cut off from the database.
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,22 +12,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, timeout};
 
 use crate::cluster_registry::{database_url, fresh_prefix};
-
-/// The example binary, next to this test binary's directory (`target/<profile>/examples`).
-fn example_binary() -> PathBuf {
-    let test_binary = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = test_binary
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let binary = profile_dir.join("examples").join("cluster");
-    assert!(
-        binary.exists(),
-        "{} is missing: `cargo test --features postgres` builds it",
-        binary.display()
-    );
-    binary
-}
+use crate::example_binary::example_binary;
 
 /// One running `cluster` process and the lines it printed, each with when it was read.
 struct Demo {
@@ -39,7 +23,7 @@ struct Demo {
 
 impl Demo {
     fn start(args: &[&str]) -> Demo {
-        let mut child = Command::new(example_binary())
+        let mut child = Command::new(example_binary("cluster", " --features postgres"))
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -337,7 +321,7 @@ async fn a_holder_cut_off_from_the_database_reports_lost_and_is_fenced_off() {
 async fn heavy_local_contention_on_one_key_is_served_mostly_locally_and_fairly() {
     let url = database_url();
     let prefix = fresh_prefix("kl_test_contention_").await;
-    let binary = example_binary().with_file_name("cluster_load");
+    let binary = example_binary("cluster_load", " --features postgres");
     let (tasks, locks) = (8u64, 25u64);
     let processes: Vec<_> = (0..3)
         .map(|_| {

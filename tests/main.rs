@@ -10,6 +10,8 @@ mod cluster_processes;
 #[cfg(feature = "postgres")]
 mod cluster_registry;
 mod every_exit_releases;
+// Not a behaviour: where the tests that run an example as a process find its binary.
+mod example_binary;
 mod exhaustive_small_scope;
 mod fencing_tokens;
 mod fifo;

@@ -8,7 +8,6 @@
 //! example's sources).
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,6 +15,8 @@ use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, Semaphore};
 use tokio::task::JoinSet;
+
+use crate::example_binary::example_binary;
 
 /// Accounts 0 to 19 take the load.
 const ACCOUNTS: u64 = 20;
@@ -120,7 +121,7 @@ async fn bad_input_gets_a_json_error_and_an_unknown_account_has_balance_0() {
 #[test]
 fn a_bad_command_line_is_refused_with_a_message() {
     for args in [&["--bogus"][..], &["--addr"], &["--addr", "localhost:3000"]] {
-        let output = Command::new(example_binary())
+        let output = Command::new(example_binary("payments", ""))
             .args(args)
             .output()
             .expect("the example runs");
@@ -256,39 +257,6 @@ async fn expect_error(response: reqwest::Response, status: StatusCode) -> String
     error.to_string()
 }
 
-/// The example binary, next to this test binary's directory (`target/<profile>/examples`).
-/// `cargo test` builds it with the other examples; `cargo test --test main` alone does not,
-/// so this refuses a binary that is missing or older than one of the example's sources.
-fn example_binary() -> PathBuf {
-    const BUILD_IT: &str = "run `cargo build --example payments` first (`cargo test` builds \
-                            the examples itself; `cargo test --test main` does not)";
-    let test_binary = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = test_binary
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let binary = profile_dir.join("examples").join("payments");
-    let built =
-        modified(&binary).unwrap_or_else(|| panic!("{} is missing: {BUILD_IT}", binary.display()));
-    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/payments");
-    for source in std::fs::read_dir(&sources).expect("the example's sources") {
-        let source = source.expect("a source file").path();
-        assert!(
-            modified(&source) <= Some(built),
-            "{} is older than {}: {BUILD_IT}",
-            binary.display(),
-            source.display()
-        );
-    }
-    binary
-}
-
-fn modified(path: &Path) -> Option<std::time::SystemTime> {
-    path.metadata()
-        .and_then(|metadata| metadata.modified())
-        .ok()
-}
-
 /// A running `payments` process on a free port, killed and waited for when dropped, on every
 /// exit path of a test. What it wrote to stderr is shown if the test fails.
 struct Service {
@@ -299,7 +267,7 @@ struct Service {
 
 impl Service {
     async fn start(args: &[&str]) -> Service {
-        let mut child = Command::new(example_binary())
+        let mut child = Command::new(example_binary("payments", ""))
             .args(["--addr", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
