@@ -62,7 +62,11 @@ fn counters_gauges_and_histograms_follow_the_registry() {
     assert_eq!(value(&handle, "keyed_locks_grants_total"), 3.0);
     assert_eq!(value(&handle, "keyed_locks_cancellations_total"), 1.0);
     assert_eq!(value(&handle, "keyed_locks_would_blocks_total"), 1.0);
-    for gauge in ["keyed_locks_keys", "keyed_locks_held", "keyed_locks_waiting"] {
+    for gauge in [
+        "keyed_locks_keys",
+        "keyed_locks_held",
+        "keyed_locks_waiting",
+    ] {
         assert_eq!(value(&handle, gauge), 0.0, "{gauge}");
     }
     // Three grants taken, three holds ended; the waiter waited the holder's 10 ms.
@@ -75,6 +79,9 @@ fn counters_gauges_and_histograms_follow_the_registry() {
     // The only label is the summaries' quantile: nothing per key.
     let text = handle.render();
     for line in text.lines().filter(|line| line.contains('{')) {
-        assert!(line.contains("{quantile=\""), "a label beyond quantile: {line}");
+        assert!(
+            line.contains("{quantile=\""),
+            "a label beyond quantile: {line}"
+        );
     }
 }
