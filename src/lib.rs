@@ -162,7 +162,8 @@
 //! Avoid it by dropping a lock future you are not polling (a `select!` on the future itself,
 //! not on `&mut`, drops the loser, and dropping is always safe here), or by spawning the
 //! locked work as its own task. [`warn_ungranted_pickup_after`](RegistryBuilder::warn_ungranted_pickup_after)
-//! reports the symptom: a grant nobody picked up.
+//! reports the symptom: a grant nobody picked up. The repository's `futurelock` example makes
+//! one, and shows both the warning and the fix.
 //!
 //! **Why is there no lock timeout parameter?** Because every call is cancel safe: dropping
 //! a waiting future leaves nothing behind, so `tokio::time::timeout(d, registry.lock(k))` is

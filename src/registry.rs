@@ -1225,9 +1225,10 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// forgotten in a long-lived struct. Off by default.
     ///
     /// Each shard then runs a timer task that wakes when the oldest hold comes due (at least
-    /// once per `threshold`), and each grant is noted with the time it was made. When no
-    /// warning is set there is no timer and no clock reading. A threshold below 1 ms counts as
-    /// 1 ms.
+    /// once per `threshold`), and each grant is noted with the time it was made: 32 bytes per
+    /// grant made in the last `threshold`, released or not (a release does not look for its
+    /// note; the note is dropped when it comes due). When no warning is set there is no
+    /// timer, no note and no clock reading. A threshold below 1 ms counts as 1 ms.
     ///
     /// # Examples
     ///
@@ -1258,9 +1259,11 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// This is the symptom of a "futurelock": the future that asked for the key is still
     /// alive but no longer polled (for example the losing branch of a `select!` over
     /// `&mut fut` in a loop), so the key is held by nobody who runs and everyone behind it
-    /// waits. See the crate docs' FAQ for how to avoid it. The cost when set and unset is as
-    /// for [`warn_held_longer_than`](Self::warn_held_longer_than); a threshold below 1 ms counts
-    /// as 1 ms.
+    /// waits. See the crate docs' FAQ for how to avoid it. The timer is as for
+    /// [`warn_held_longer_than`](Self::warn_held_longer_than); the note is kept for each grant
+    /// to a waiting future (not for one taken at once), 40 bytes plus the future's 64-byte
+    /// grant channel, which stays allocated until the note comes due. A threshold below 1 ms
+    /// counts as 1 ms.
     ///
     /// # Examples
     ///
