@@ -104,7 +104,7 @@
 //! | name | kind | meaning |
 //! |---|---|---|
 //! | `keyed_locks_grants_total` | counter | grants made |
-//! | `keyed_locks_cancellations_total` | counter | waiters that gave up, queued or with their grant in flight |
+//! | `keyed_locks_cancellations_total` | counter | waiters withdrawn from a queue, and grants refused because their waiter had given up (one that gives up after its grant reached it counts as a grant and a release) |
 //! | `keyed_locks_would_blocks_total` | counter | try calls refused because the key was taken |
 //! | `keyed_locks_keys` | gauge | entries in the lock map |
 //! | `keyed_locks_held` | gauge | keys held |

@@ -190,3 +190,25 @@ async fn a_registry_without_warnings_runs_no_timer_and_the_timer_ends_with_its_r
     sleep_ms(1_000).await;
     assert_eq!(alive_tasks(), before);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hold_granted_to_a_kameo_message_is_watched_too() {
+    let (recorder, _default) = Recorder::install();
+    let registry = LockRegistry::builder()
+        .warn_held_longer_than(Duration::from_millis(300))
+        .spawn();
+    let actor = registry.actor_ref().expect("one shard").clone();
+    let guard = actor
+        .ask(keyed_locks::messages::Acquire { key: "by message" })
+        .await
+        .unwrap();
+    sleep_ms(400).await;
+    let warned = warnings(&recorder);
+    assert_eq!(warned.len(), 1, "{warned:#?}");
+    assert_eq!(warned[0].message, HELD);
+    assert!(
+        warned[0].fields.contains("key=\"by message\""),
+        "{warned:?}"
+    );
+    drop(guard);
+}

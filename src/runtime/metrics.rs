@@ -4,7 +4,7 @@
 //! | name | kind | what |
 //! |---|---|---|
 //! | `keyed_locks_grants_total` | counter | grants made, to any caller |
-//! | `keyed_locks_cancellations_total` | counter | waiters withdrawn, and grants refused by a caller that gave up |
+//! | `keyed_locks_cancellations_total` | counter | waiters withdrawn from a queue, and grants refused because their waiter had given up (one that gives up after its grant reached it counts as a grant and a release) |
 //! | `keyed_locks_would_blocks_total` | counter | try calls refused because the key was taken |
 //! | `keyed_locks_keys` | gauge | entries in the lock map |
 //! | `keyed_locks_held` | gauge | keys held |
