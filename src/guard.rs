@@ -4,7 +4,7 @@ use std::fmt;
 
 use crate::LockKey;
 use crate::observe::Acquisition;
-use crate::owner::{self, Call};
+use crate::owner;
 use crate::request::{Request, RequestSender};
 use crate::table::WaiterId;
 
@@ -51,16 +51,9 @@ impl<K: LockKey> HeldGrant<K> {
 impl<K: LockKey> Drop for HeldGrant<K> {
     fn drop(&mut self) {
         // Never waits: the step runs here if the owner is idle, else the request joins an
-        // unbounded queue. It comes to nothing only when the registry has stopped, and then
-        // nothing is left to release.
+        // unbounded queue.
         let waiter_id = self.waiter_id;
-        if let Call::Ran(outcome) = owner::call(
-            &self.requests,
-            || ((), ()),
-            |_| Request::Release { waiter_id },
-        ) {
-            outcome.discard();
-        }
+        owner::send(&self.requests, || Request::Release { waiter_id });
     }
 }
 

@@ -541,12 +541,8 @@ impl<K: LockKey> LockRegistry<K> {
             Wait::Yes => CallKind::LockAll,
             Wait::No => CallKind::TryLockAll,
         };
-        let all_keys: Vec<&K> = keys_by_shard
-            .iter()
-            .flat_map(|(_, keys)| keys.as_slice())
-            .collect();
-        let mut acquisition = Acquisition::start(call, &all_keys, None, &self.histograms);
-        drop(all_keys);
+        let mut acquisition =
+            Acquisition::start(call, &KeysOf(&keys_by_shard), None, &self.histograms);
         let mut guard = MultiGuard::new();
         for (shard, keys) in keys_by_shard {
             let shard = &self.shards[shard];
@@ -912,6 +908,18 @@ fn refused(acquisition: Acquisition, not_granted: NotGranted) -> TryLockError {
     }
 }
 
+/// The keys of a multi-key request, split by shard, shown as one list (for its span) without
+/// collecting them.
+struct KeysOf<'a, K>(&'a [(usize, KeySet<K>)]);
+
+impl<K: fmt::Debug> fmt::Debug for KeysOf<'_, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().flat_map(|(_, keys)| keys.as_slice()))
+            .finish()
+    }
+}
+
 /// Whether a multi-key request waits for its keys or takes them only if free.
 #[derive(Debug, Clone, Copy)]
 enum Wait {
@@ -1030,7 +1038,7 @@ impl<K: LockKey> Shard<K> {
             .ask(
                 |reply| Request::Journal { reply },
                 |outcome| match outcome {
-                    Outcome::Journal(journal) => Some(*journal),
+                    Outcome::Journal(journal) => Some(journal),
                     _ => None,
                 },
             )
@@ -1084,14 +1092,13 @@ impl<K: LockKey> Future for PendingGrant<'_, K> {
 
 impl<K: LockKey> Drop for PendingGrant<'_, K> {
     fn drop(&mut self) {
-        // Never waits: run here or queued without bound. It comes to nothing only if the
-        // registry stopped, and then nothing is left to undo.
+        // Never waits: run here or queued without bound.
         let undo = match self.receiver.abandon() {
             Undo::Nothing => return,
             Undo::Cancel(waiter_id) => Request::Cancel { waiter_id },
             Undo::Release(waiter_id) => Request::Release { waiter_id },
         };
-        let _ = owner::call(self.requests, || ((), ()), |_| undo);
+        owner::send(self.requests, || undo);
     }
 }
 

@@ -279,7 +279,7 @@ impl<K: LockKey> Message<GetJournal> for RegistryActor<K> {
             .with_owner(|owner, effects| owner.step(Request::Journal { reply: None }, effects))
             .await;
         match journal {
-            Some(Outcome::Journal(journal)) => *journal,
+            Some(Outcome::Journal(journal)) => journal,
             _ => Journal::default(),
         }
     }

@@ -13,6 +13,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, OnceLock};
 use std::task::Waker;
 
+use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use crate::LockKey;
@@ -205,26 +206,9 @@ impl<K: LockKey> Owner<K> {
                 self.cancel(waiter_id);
                 self.deliver_grants(effects)
             }
-            Request::Stats { reply } => {
-                let stats = self.table.table().stats();
-                match reply {
-                    None => Outcome::Stats(stats),
-                    Some(reply) => {
-                        // A caller that gave up does not want the answer.
-                        let _ = reply.send(stats);
-                        Outcome::Done
-                    }
-                }
-            }
+            Request::Stats { reply } => answer(reply, self.table.table().stats(), Outcome::Stats),
             Request::CheckStalls { reply } => {
-                let next = self.check_stalls();
-                match reply {
-                    None => Outcome::NextCheck(next),
-                    Some(reply) => {
-                        let _ = reply.send(next);
-                        Outcome::Done
-                    }
-                }
+                answer(reply, self.check_stalls(), Outcome::NextCheck)
             }
             #[cfg(feature = "postgres")]
             Request::Note { event } => {
@@ -232,16 +216,7 @@ impl<K: LockKey> Owner<K> {
                 self.table.note(event);
                 Outcome::Done
             }
-            Request::Journal { reply } => {
-                let journal = self.table.journal();
-                match reply {
-                    None => Outcome::Journal(Box::new(journal)),
-                    Some(reply) => {
-                        let _ = reply.send(journal);
-                        Outcome::Done
-                    }
-                }
-            }
+            Request::Journal { reply } => answer(reply, self.table.journal(), Outcome::Journal),
         }
     }
 
@@ -527,6 +502,26 @@ impl<K: LockKey> Owner<K> {
     }
 }
 
+/// The answer to a question the step was asked: sent through `reply` if the request waited in
+/// the queue, else given back to the caller that ran the step, as `outcome` makes it. Out of
+/// line: these requests are rare, and the step that every lock runs stays small.
+#[cold]
+#[inline(never)]
+fn answer<K: LockKey, T>(
+    reply: Option<oneshot::Sender<T>>,
+    value: T,
+    outcome: impl FnOnce(T) -> Outcome<K>,
+) -> Outcome<K> {
+    match reply {
+        None => outcome(value),
+        Some(reply) => {
+            // A caller that gave up does not want the answer.
+            let _ = reply.send(value);
+            Outcome::Done
+        }
+    }
+}
+
 /// What became of a request made by [`call`].
 #[derive(Debug)]
 pub(crate) enum Call<K: LockKey, W> {
@@ -536,6 +531,20 @@ pub(crate) enum Call<K: LockKey, W> {
     Queued(W),
     /// The shard takes no more requests.
     Closed,
+}
+
+/// Runs the request `make` builds, which needs no answer (a release, a cancel), on the caller
+/// if the owner is idle, else queues it. It comes to nothing only if the shard has closed, and
+/// then nothing is left to release or cancel. The request is built only once the token is
+/// taken or the queue locked, straight where it goes.
+#[inline]
+pub(crate) fn send<K: LockKey>(
+    requests: &crate::request::RequestSender<K>,
+    make: impl FnOnce() -> Request<K>,
+) {
+    if let Call::Ran(outcome) = call(requests, || ((), ()), |_| make()) {
+        outcome.discard();
+    }
 }
 
 /// Runs the request `make` builds on the caller if the owner is idle, or queues it for

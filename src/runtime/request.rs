@@ -141,9 +141,8 @@ pub(crate) enum Outcome<K: LockKey> {
     Stats(RegistryStats),
     /// How long the stall timer may sleep before its next check.
     NextCheck(Duration),
-    /// The journal asked for. Boxed: journals are asked for rarely, and a small `Outcome`
-    /// keeps its drop, which every lock and release runs, small.
-    Journal(Box<Journal<K>>),
+    /// The journal asked for.
+    Journal(Journal<K>),
 }
 
 impl<K: LockKey> Outcome<K> {
