@@ -169,20 +169,3 @@ async fn every_kind_of_call_names_itself_and_lock_all_lists_its_keys() {
         assert!(span.fields.contains_key("hold_us"), "{span:?}");
     }
 }
-
-#[tokio::test]
-async fn a_subscriber_that_wants_no_debug_gets_no_span() {
-    let recorder = Recorder::default();
-    let subscriber = tracing_subscriber::layer::SubscriberExt::with(
-        tracing_subscriber::registry(),
-        tracing_subscriber::Layer::with_filter(
-            recorder.clone(),
-            tracing_subscriber::filter::LevelFilter::INFO,
-        ),
-    );
-    let _default = tracing::subscriber::set_default(subscriber);
-    let registry = LockRegistry::spawn();
-    drop(registry.lock(1u8).await.unwrap());
-    assert!(recorder.recorded().spans.is_empty());
-    assert!(recorder.recorded().events.is_empty());
-}

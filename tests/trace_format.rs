@@ -118,7 +118,6 @@ const TWO_GOOD_LINES: &str = "# keyed-locks trace v2\n\
                               1 +0.000000s acquire w1 \"k\"\n\
                               2 +0.000000s grant w1 1\n";
 
-/// Parses `TWO_GOOD_LINES` followed by `bad_line` (line 5) and returns the error.
 /// Writing `journal` gives back `trace`'s lines, after the header and the `# dropped` line.
 #[track_caller]
 fn assert_written_as(journal: &Journal<String>, trace: &str) {
@@ -131,6 +130,7 @@ fn assert_written_as(journal: &Journal<String>, trace: &str) {
     );
 }
 
+/// Parses `TWO_GOOD_LINES` followed by `bad_line` (line 5) and returns the error.
 fn error_for_line_five(bad_line: &str) -> TraceError {
     let trace = format!("{TWO_GOOD_LINES}{bad_line}\n4 +0.000009s shutdown\n");
     match parse_trace(&trace, &StringKeys) {

@@ -171,3 +171,16 @@ pub(crate) async fn watch_for_stalls<K: LockKey>(requests: WeakRequestSender<K>,
         };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sizes `RegistryBuilder`'s docs state: a note per grant for holds, and one with the
+    /// channel check for pickups (plus the channel's slot, which `grant.rs` sizes).
+    #[test]
+    fn a_note_is_32_bytes_and_a_pickup_note_40() {
+        assert_eq!(std::mem::size_of::<(Duration, Noted)>(), 32);
+        assert_eq!(std::mem::size_of::<(Duration, (Noted, PickupCheck))>(), 40);
+    }
+}
