@@ -83,8 +83,9 @@
 //! the events `granted`, `released`, `cancelled` (the future was dropped before it got the
 //! key), `would block` and `closed`. The span lives in the call's future and then in the guard.
 //! When no subscriber wants debug-level data the span is not made at all: the check is one
-//! load of `tracing`'s global level filter (the `interleaved` and `observability` benchmarks
-//! show no difference; `docs/performance-log.md` in the repository has the counts).
+//! load of `tracing`'s global level filter (`cargo bench --bench observability` measures no
+//! subscriber against one at info; `docs/performance-log.md` in the repository has those runs
+//! and the instruction counts).
 //!
 //! **Targets**, for filters such as `RUST_LOG=keyed_locks::stall=warn`:
 //! - `keyed_locks::lock`: the acquisition spans and their events (debug);
@@ -115,7 +116,7 @@
 //! There are no labels: a label per key would make one series per key, without bound. The
 //! gauges are sums over every shard of every registry in the process. With the feature on,
 //! every call reads the clock three times and allocates its observation: an uncontended
-//! lock/unlock pair runs about 1,800 instructions instead of about 1,060 (callgrind, in the
+//! lock/unlock pair runs about 1,800 instructions instead of about 1,075 (callgrind, in the
 //! repository's `docs/performance-log.md`), so switch it on where the numbers are wanted.
 //!
 //! # FAQ

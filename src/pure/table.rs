@@ -271,8 +271,7 @@ impl Entry {
 struct WaiterQueue(Option<Box<VecDeque<Queued>>>);
 
 /// A queued waiter and the permits it asks for. The permits live here rather than in the
-/// waiter's record, so that a holder's record stays as small as it was with exclusive locks
-/// only; `group` (free: it fills the slot's padding) says that the waiter asks for several
+/// waiter's record, so that a holder's record carries no permit count; `group` (free: it fills the slot's padding) says that the waiter asks for several
 /// keys at once, so that the grant loop learns it without a lookup.
 #[derive(Debug, Clone, Copy)]
 struct Queued {
@@ -741,7 +740,7 @@ where
     }
 
     /// The keys of `waiter_id` if it asks for or holds several at once, taken out of the group
-    /// map. Free when no group is live, which keeps single-key releases as they were.
+    /// map. Free when no group is live: a single-key release then does no lookup here.
     #[inline]
     fn take_group(&mut self, waiter_id: WaiterId) -> Option<Box<[K]>> {
         if self.groups.is_empty() {
