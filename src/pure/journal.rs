@@ -445,24 +445,22 @@ where
     /// [`LockTable::acquire_all`], recorded: as [`Acquire`](JournalEvent::Acquire) for a set
     /// of one key, as [`AcquireAll`](JournalEvent::AcquireAll) otherwise.
     pub fn acquire_all(&mut self, keys: KeySet<K>, delivery: D) -> Acquired<D> {
+        let keys = match keys.into_single() {
+            Ok(key) => return self.acquire(key, delivery),
+            Err(keys) => keys,
+        };
         let Some(ring) = &mut self.ring else {
             return self.table.acquire_all(keys, delivery);
         };
-        let mut recorded_keys = keys.as_slice().to_vec();
+        let recorded_keys = keys.as_slice().to_vec();
         let acquired = self.table.acquire_all(keys, delivery);
         let waiter = match &acquired {
             Acquired::Granted(grant) => grant.waiter_id,
             Acquired::Queued(waiter_id) => *waiter_id,
         };
-        ring.push(match recorded_keys.len() {
-            1 => JournalEvent::Acquire {
-                waiter,
-                key: recorded_keys.swap_remove(0),
-            },
-            _ => JournalEvent::AcquireAll {
-                waiter,
-                keys: recorded_keys,
-            },
+        ring.push(JournalEvent::AcquireAll {
+            waiter,
+            keys: recorded_keys,
         });
         if let Acquired::Granted(grant) = &acquired {
             ring.push(grant_event(grant));
@@ -473,26 +471,20 @@ where
     /// [`LockTable::try_acquire_all`], recorded: as [`TryAcquire`](JournalEvent::TryAcquire)
     /// for a set of one key, as [`TryAcquireAll`](JournalEvent::TryAcquireAll) otherwise.
     pub fn try_acquire_all(&mut self, keys: KeySet<K>) -> Result<Grant<()>, WouldBlock> {
+        let keys = match keys.into_single() {
+            Ok(key) => return self.try_acquire(key),
+            Err(keys) => keys,
+        };
         let Some(ring) = &mut self.ring else {
             return self.table.try_acquire_all(keys);
         };
-        let mut recorded_keys = keys.as_slice().to_vec();
-        let single = recorded_keys.len() == 1;
-        ring.push(match single {
-            true => JournalEvent::TryAcquire {
-                key: recorded_keys[0].clone(),
-            },
-            false => JournalEvent::TryAcquireAll {
-                keys: recorded_keys.clone(),
-            },
+        ring.push(JournalEvent::TryAcquireAll {
+            keys: keys.as_slice().to_vec(),
         });
         let result = self.table.try_acquire_all(keys);
-        ring.push(match (&result, single) {
-            (Ok(grant), _) => grant_event(grant),
-            (Err(WouldBlock), true) => JournalEvent::WouldBlock {
-                key: recorded_keys.swap_remove(0),
-            },
-            (Err(WouldBlock), false) => JournalEvent::WouldBlockAll,
+        ring.push(match &result {
+            Ok(grant) => grant_event(grant),
+            Err(WouldBlock) => JournalEvent::WouldBlockAll,
         });
         result
     }

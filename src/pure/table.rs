@@ -152,10 +152,37 @@ struct Counters<'a, K, D> {
     records: &'a mut Records<Record<K, D>>,
     groups: &'a mut GroupMap<K>,
     next_fencing_token: &'a mut u64,
-    held_keys: &'a mut usize,
+    permits: PermitCounts<'a>,
     holders: &'a mut usize,
-    permits_in_use: &'a mut usize,
     waiting: &'a mut usize,
+}
+
+/// The counts of held keys and permits in use, which every change of an entry's permits
+/// keeps. Apart from the other counters, so that they can change while the group map is read.
+struct PermitCounts<'a> {
+    held_keys: &'a mut usize,
+    in_use: &'a mut usize,
+}
+
+impl PermitCounts<'_> {
+    /// Counts `permits` of `entry` as taken, and the key as held if they are its first.
+    fn take(&mut self, entry: &mut Entry, permits: Permits) {
+        if entry.permits == 0 {
+            *self.held_keys += 1;
+        }
+        entry.permits += permits.get();
+        *self.in_use += permits.get() as usize;
+    }
+
+    /// Counts `permits` of `entry` as given back, and the key as no longer held if they were
+    /// its last.
+    fn give_back(&mut self, entry: &mut Entry, permits: Permits) {
+        entry.permits -= permits.get();
+        *self.in_use -= permits.get() as usize;
+        if entry.permits == 0 {
+            *self.held_keys -= 1;
+        }
+    }
 }
 
 /// How many of a key's permits one acquirer asks for: between 1 and the table's capacity.
@@ -230,6 +257,17 @@ impl<K> KeySet<K> {
     /// The keys, in order of first appearance.
     pub fn as_slice(&self) -> &[K] {
         &self.0
+    }
+
+    /// The one key of a set of one, or the set itself.
+    pub(crate) fn into_single(self) -> Result<K, Self> {
+        match <Box<[K; 1]>>::try_from(self.0) {
+            Ok(one) => {
+                let [key] = *one;
+                Ok(key)
+            }
+            Err(keys) => Err(KeySet(keys)),
+        }
     }
 
     /// The keys, in order of first appearance.
@@ -442,9 +480,11 @@ where
                 records: &mut self.records,
                 groups: &mut self.groups,
                 next_fencing_token: &mut self.next_fencing_token,
-                held_keys: &mut self.held_keys,
+                permits: PermitCounts {
+                    held_keys: &mut self.held_keys,
+                    in_use: &mut self.permits_in_use,
+                },
                 holders: &mut self.holders,
-                permits_in_use: &mut self.permits_in_use,
                 waiting: &mut self.waiting,
             },
         )
@@ -561,9 +601,9 @@ where
     /// arrival, so the earliest waiting request is the first waiter of each of its keys and
     /// waits only for their holders. A set of one key is the same as [`acquire`](Self::acquire).
     pub fn acquire_all(&mut self, keys: KeySet<K>, delivery: D) -> Acquired<D> {
-        let keys = match single(keys) {
+        let keys = match keys.into_single() {
             Ok(key) => return self.acquire(key, delivery),
-            Err(keys) => keys,
+            Err(keys) => keys.0,
         };
         let permits = self.all_permits();
         let (entries, mut counters) = self.split();
@@ -597,9 +637,9 @@ where
     /// nothing, creates no entry and returns [`WouldBlock`]. A set of one key is the same as
     /// [`try_acquire`](Self::try_acquire).
     pub fn try_acquire_all(&mut self, keys: KeySet<K>) -> Result<Grant<()>, WouldBlock> {
-        let keys = match single(keys) {
+        let keys = match keys.into_single() {
             Ok(key) => return self.try_acquire(key),
-            Err(keys) => keys,
+            Err(keys) => keys.0,
         };
         let permits = self.all_permits();
         let (entries, mut counters) = self.split();
@@ -653,29 +693,15 @@ where
             debug_assert!(false, "invariant 1: holder without entry");
             return Err(WaiterError::Unknown(waiter_id));
         };
-        entry.permits -= permits.get();
+        counters.permits.give_back(entry, permits);
         *counters.holders -= 1;
-        *counters.permits_in_use -= permits.get() as usize;
-        if entry.permits == 0 {
-            *counters.held_keys -= 1;
-        }
         // Most releases leave nobody waiting: skip the grant loop then.
         let settled = if entry.waiters == 0 {
             Settled::by_use(entry)
         } else {
             grant_fitting(entry, &mut counters, granted)
         };
-        match settled {
-            Settled::Unused => {
-                entries.remove(&key);
-            }
-            Settled::InUse => {}
-            Settled::GroupFirst(group) => {
-                if grant_group(entries, &mut counters, group, granted) {
-                    settle(entries, &mut counters, &key, granted);
-                }
-            }
-        }
+        finish(entries, &mut counters, &key, settled, granted);
         Ok(key)
     }
 
@@ -760,11 +786,7 @@ where
                 debug_assert!(false, "invariant 1: holder without entry");
                 continue;
             };
-            entry.permits -= permits.get();
-            *counters.permits_in_use -= permits.get() as usize;
-            if entry.permits == 0 {
-                *counters.held_keys -= 1;
-            }
+            counters.permits.give_back(entry, permits);
         }
         for key in keys {
             settle(entries, &mut counters, key, granted);
@@ -1016,14 +1038,14 @@ where
     /// of each of them and fits on each.
     fn grantable(&self, first: &Queued) -> bool {
         let keys = self.keys_of(first.waiter_id).unwrap_or_default();
-        keys.iter().all(|key| {
-            self.entries.get(key).is_some_and(|entry| {
-                first_live(entry, &self.records).is_some_and(|queued| {
-                    queued.waiter_id == first.waiter_id
-                        && fits(entry, queued.permits, self.capacity)
-                })
-            })
-        })
+        ready(
+            &self.entries,
+            &self.records,
+            self.capacity,
+            first.waiter_id,
+            keys,
+        )
+        .is_some()
     }
 }
 
@@ -1048,12 +1070,8 @@ fn hold<K, D>(
         key,
         state: RecordState::Holding { permits },
     });
-    if entry.permits == 0 {
-        *counters.held_keys += 1;
-    }
-    entry.permits += permits.get();
+    counters.permits.take(entry, permits);
     *counters.holders += 1;
-    *counters.permits_in_use += permits.get() as usize;
     (waiter_id, fencing_token)
 }
 
@@ -1065,13 +1083,6 @@ fn compact_queue<K, D>(entry: &mut Entry, records: &Records<Record<K, D>>) {
             .queue
             .retain(|queued| records.contains(queued.waiter_id));
     }
-}
-
-/// The one key of a set of one, or the set's keys.
-fn single<K>(keys: KeySet<K>) -> Result<K, Box<[K]>> {
-    let one: Box<[K; 1]> = keys.0.try_into()?;
-    let [key] = *one;
-    Ok(key)
 }
 
 /// Whether `permits` of every key of `keys` could be taken now: nobody waits for any of them
@@ -1098,12 +1109,9 @@ fn hold_all<K: Hash + Eq + Clone, D>(
     counters: &mut Counters<'_, K, D>,
 ) -> (WaiterId, u64) {
     for key in &keys {
-        let entry = entries.entry(key.clone()).or_default();
-        if entry.permits == 0 {
-            *counters.held_keys += 1;
-        }
-        entry.permits += permits.get();
-        *counters.permits_in_use += permits.get() as usize;
+        counters
+            .permits
+            .take(entries.entry(key.clone()).or_default(), permits);
     }
     let fencing_token = next_token(counters.next_fencing_token);
     let waiter_id = counters.records.insert(Record {
@@ -1157,7 +1165,7 @@ fn grant_fitting<K, D>(
             Next::Granted(grant, permits) => {
                 *counters.waiting -= 1;
                 *counters.holders += 1;
-                *counters.permits_in_use += permits.get() as usize;
+                *counters.permits.in_use += permits.get() as usize;
                 granted.push(grant);
             }
             Next::Blocked => break None,
@@ -1165,7 +1173,7 @@ fn grant_fitting<K, D>(
         }
     };
     if !was_held && entry.permits > 0 {
-        *counters.held_keys += 1;
+        *counters.permits.held_keys += 1;
     }
     compact_queue(entry, counters.records);
     match stop {
@@ -1182,20 +1190,30 @@ fn settle<K: Hash + Eq, D>(
     key: &K,
     granted: &mut Vec<Grant<D>>,
 ) {
-    loop {
-        let Some(entry) = entries.get_mut(key) else {
-            return;
-        };
-        match grant_fitting(entry, counters, granted) {
-            Settled::Unused => {
-                entries.remove(key);
-                return;
-            }
-            Settled::InUse => return,
-            Settled::GroupFirst(group) => {
-                if !grant_group(entries, counters, group, granted) {
-                    return;
-                }
+    if let Some(entry) = entries.get_mut(key) {
+        let settled = grant_fitting(entry, counters, granted);
+        finish(entries, counters, key, settled, granted);
+    }
+}
+
+/// Does what `key`'s grant loop left to do: remove its entry if nobody is left (invariant 1),
+/// or try the request for several keys at its front, and if that is granted, settle the key
+/// again with what that grant left.
+fn finish<K: Hash + Eq, D>(
+    entries: &mut EntryMap<K>,
+    counters: &mut Counters<'_, K, D>,
+    key: &K,
+    settled: Settled,
+    granted: &mut Vec<Grant<D>>,
+) {
+    match settled {
+        Settled::Unused => {
+            entries.remove(key);
+        }
+        Settled::InUse => {}
+        Settled::GroupFirst(group) => {
+            if grant_group(entries, counters, group, granted) {
+                settle(entries, counters, key, granted);
             }
         }
     }
@@ -1213,21 +1231,7 @@ fn grant_group<K: Hash + Eq, D>(
         debug_assert!(false, "invariant 10: a group in a queue without its keys");
         return false;
     };
-    let mut permits = None;
-    for key in keys {
-        let first = entries
-            .get(key)
-            .and_then(|entry| Some((entry, first_live(entry, counters.records)?)));
-        match first {
-            Some((entry, first))
-                if first.waiter_id == group && fits(entry, first.permits, counters.capacity) =>
-            {
-                permits = Some(first.permits);
-            }
-            _ => return false,
-        }
-    }
-    let Some(permits) = permits else {
+    let Some(permits) = ready(entries, counters.records, counters.capacity, group, keys) else {
         return false;
     };
     let Some(record) = counters.records.get_mut(group) else {
@@ -1250,11 +1254,7 @@ fn grant_group<K: Hash + Eq, D>(
             }
         }
         entry.waiters -= 1;
-        if entry.permits == 0 {
-            *counters.held_keys += 1;
-        }
-        entry.permits += permits.get();
-        *counters.permits_in_use += permits.get() as usize;
+        counters.permits.take(entry, permits);
     }
     *counters.waiting -= 1;
     *counters.holders += 1;
@@ -1264,6 +1264,27 @@ fn grant_group<K: Hash + Eq, D>(
         delivery,
     });
     true
+}
+
+/// The permits `waiter_id` asks for, if it could be granted all of `keys` now: it is the first
+/// live waiter of each and fits on each.
+fn ready<K: Hash + Eq, D>(
+    entries: &EntryMap<K>,
+    records: &Records<Record<K, D>>,
+    capacity: NonZeroU32,
+    waiter_id: WaiterId,
+    keys: &[K],
+) -> Option<Permits> {
+    let mut permits = None;
+    for key in keys {
+        let entry = entries.get(key)?;
+        let first = first_live(entry, records)?;
+        if first.waiter_id != waiter_id || !fits(entry, first.permits, capacity) {
+            return None;
+        }
+        permits = Some(first.permits);
+    }
+    permits
 }
 
 /// The first queued waiter of `entry` that is still waiting, skipping tombstones.
@@ -1280,13 +1301,12 @@ fn first_live<'e, K, D>(entry: &'e Entry, records: &Records<Record<K, D>>) -> Op
 /// runs each key's grant loop in turn, so its grants come out by key. Ordering them by arrival
 /// makes the tokens, and so the journal, independent of the order of the keys in the request.
 fn in_arrival_order<D>(grants: &mut [Grant<D>]) {
-    if grants.len() < 2 {
+    // One step's tokens are consecutive: each grant takes the next.
+    let Some(first_token) = grants.iter().map(|grant| grant.fencing_token).min() else {
         return;
-    }
-    let mut tokens: Vec<u64> = grants.iter().map(|grant| grant.fencing_token).collect();
-    tokens.sort_unstable();
+    };
     grants.sort_unstable_by_key(|grant| grant.waiter_id);
-    for (grant, token) in grants.iter_mut().zip(tokens) {
+    for (grant, token) in grants.iter_mut().zip(first_token..) {
         grant.fencing_token = token;
     }
 }
