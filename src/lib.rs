@@ -116,7 +116,7 @@
 //! There are no labels: a label per key would make one series per key, without bound. The
 //! gauges are sums over every shard of every registry in the process. With the feature on,
 //! every call reads the clock three times and allocates its observation: an uncontended
-//! lock/unlock pair runs about 1,800 instructions instead of about 1,075 (callgrind, in the
+//! lock/unlock pair runs about 1,800 instructions instead of about 1,070 (callgrind, in the
 //! repository's `docs/performance-log.md`), so switch it on where the numbers are wanted.
 //!
 //! # FAQ
