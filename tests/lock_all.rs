@@ -2,36 +2,50 @@
 //! callers list the keys in, keeps FIFO on each key, and leaves nothing behind when given up,
 //! in both execution modes and with shards.
 
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::future::join_all;
 use keyed_locks::replay::verify;
-use keyed_locks::{Execution, LockError, LockRegistry, TryLockError};
+use keyed_locks::{LockError, LockRegistry, RegistryBuilder, TryLockError};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tokio::time::timeout;
 use tokio_test::{assert_pending, task};
+
+use crate::configurations::builders;
 
 /// Generous: two cores, shared with the rest of the suite.
 const BOUND: Duration = Duration::from_secs(60);
 
 /// Both execution modes, with one shard and with three.
 fn registries() -> Vec<LockRegistry<u32>> {
-    let mut registries = Vec::new();
-    for execution in [Execution::RunOnCaller, Execution::ActorTask] {
-        for shards in [1, 3] {
-            registries.push(
-                LockRegistry::builder()
-                    .execution(execution)
-                    .shards(NonZeroUsize::new(shards).expect("shards above 0"))
-                    .spawn(),
-            );
+    builders().into_iter().map(RegistryBuilder::spawn).collect()
+}
+
+/// One flag per key, set while a task holds the key, so that a second holder is caught.
+struct HeldFlags(Vec<AtomicBool>);
+
+impl HeldFlags {
+    fn new(keys: u32) -> Arc<Self> {
+        Arc::new(HeldFlags(
+            (0..keys).map(|_| AtomicBool::new(false)).collect(),
+        ))
+    }
+
+    /// Marks `keys` held (failing if one already is), lets other tasks run, and marks them
+    /// free again: what a task does while its guard holds them.
+    async fn hold_briefly(&self, keys: &[u32]) {
+        for &key in keys {
+            let was_held = self.0[key as usize].swap(true, Ordering::SeqCst);
+            assert!(!was_held, "key {key} held twice");
+        }
+        tokio::task::yield_now().await;
+        for &key in keys {
+            self.0[key as usize].store(false, Ordering::SeqCst);
         }
     }
-    registries
 }
 
 /// 1,000 tasks lock random pairs of 20 keys, half listing each pair in one order and half in
@@ -40,8 +54,7 @@ fn registries() -> Vec<LockRegistry<u32>> {
 async fn a_thousand_tasks_on_random_pairs_in_both_orders_all_finish_with_exclusion() {
     const KEYS: u32 = 20;
     for registry in registries() {
-        let held: Arc<Vec<AtomicBool>> =
-            Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
+        let held = HeldFlags::new(KEYS);
         // Seeded, so that a failure can be rerun as is.
         let mut numbers = StdRng::seed_from_u64(20);
         let tasks = (0..1_000).map(|task| {
@@ -56,14 +69,7 @@ async fn a_thousand_tasks_on_random_pairs_in_both_orders_all_finish_with_exclusi
             tokio::spawn(async move {
                 let guard = registry.lock_all(pair).await.unwrap();
                 assert_eq!(guard.len(), 2);
-                for key in pair {
-                    let was_held = held[key as usize].swap(true, Ordering::SeqCst);
-                    assert!(!was_held, "key {key} held twice");
-                }
-                tokio::task::yield_now().await;
-                for key in pair {
-                    held[key as usize].store(false, Ordering::SeqCst);
-                }
+                held.hold_briefly(&pair).await;
                 drop(guard);
             })
         });
@@ -83,8 +89,7 @@ async fn a_thousand_tasks_on_random_pairs_in_both_orders_all_finish_with_exclusi
 async fn single_and_multi_key_locks_exclude_each_other() {
     const KEYS: u32 = 6;
     for registry in registries() {
-        let held: Arc<Vec<AtomicBool>> =
-            Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
+        let held = HeldFlags::new(KEYS);
         let tasks = (0..600u32).map(|task| {
             let (registry, held) = (registry.clone(), Arc::clone(&held));
             tokio::spawn(async move {
@@ -98,16 +103,7 @@ async fn single_and_multi_key_locks_exclude_each_other() {
                 } else {
                     Box::new(registry.lock_all(keys.clone()).await.unwrap())
                 };
-                for key in &keys {
-                    assert!(
-                        !held[*key as usize].swap(true, Ordering::SeqCst),
-                        "key {key}"
-                    );
-                }
-                tokio::task::yield_now().await;
-                for key in &keys {
-                    held[*key as usize].store(false, Ordering::SeqCst);
-                }
+                held.hold_briefly(&keys).await;
                 drop(guard);
             })
         });

@@ -5,10 +5,12 @@ mod acquisition_spans;
 mod actor_death;
 mod bounds;
 mod cancel_safety;
+// Not a behaviour: the registry configurations a test runs in when it must hold in each.
 #[cfg(feature = "postgres")]
 mod cluster_processes;
 #[cfg(feature = "postgres")]
 mod cluster_registry;
+mod configurations;
 mod every_exit_releases;
 // Not a behaviour: where the tests that run an example as a process find its binary.
 mod example_binary;

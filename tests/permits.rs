@@ -2,15 +2,17 @@
 //! strict FIFO, never more permits are held than a key has, and every cancel-safety promise
 //! holds in every mode (multi-key locks included), in both execution modes and with shards.
 
-use std::num::{NonZeroU32, NonZeroUsize};
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures::future::join_all;
-use keyed_locks::{Execution, LockRegistry, PermitsError, TryPermitsError};
+use keyed_locks::{LockRegistry, PermitsError, TryPermitsError};
 use tokio::time::timeout;
 use tokio_test::{assert_pending, task};
+
+use crate::configurations::builders;
 
 /// Generous: two cores, shared with the rest of the suite.
 const BOUND: Duration = Duration::from_secs(60);
@@ -21,19 +23,10 @@ fn capacity(permits: u32) -> NonZeroU32 {
 
 /// Every execution mode, with one shard and with three.
 fn registries(permits: u32) -> Vec<LockRegistry<u32>> {
-    let mut registries = Vec::new();
-    for execution in [Execution::RunOnCaller, Execution::ActorTask] {
-        for shards in [1, 3] {
-            registries.push(
-                LockRegistry::builder()
-                    .capacity(capacity(permits))
-                    .execution(execution)
-                    .shards(NonZeroUsize::new(shards).expect("shards above 0"))
-                    .spawn(),
-            );
-        }
-    }
-    registries
+    builders()
+        .into_iter()
+        .map(|builder| builder.capacity(capacity(permits)).spawn())
+        .collect()
 }
 
 #[tokio::test]

@@ -6,10 +6,11 @@
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use keyed_locks::{Execution, LockRegistry, RegistryBuilder};
+use keyed_locks::LockRegistry;
 use tokio_test::{assert_pending, assert_ready, task};
 use tracing::Level;
 
+use crate::configurations::builders;
 use crate::recorder::{RecordedEvent, Recorder};
 
 const HELD: &str = "key held longer than the threshold";
@@ -27,21 +28,6 @@ fn warnings(recorder: &Recorder) -> Vec<RecordedEvent> {
 
 async fn sleep_ms(millis: u64) {
     tokio::time::sleep(Duration::from_millis(millis)).await;
-}
-
-/// Each configuration the warnings must work in: both execution modes, one shard and three.
-fn builders() -> Vec<RegistryBuilder<&'static str>> {
-    let mut builders = Vec::new();
-    for execution in [Execution::RunOnCaller, Execution::ActorTask] {
-        for shards in [1, 3] {
-            builders.push(
-                LockRegistry::builder()
-                    .execution(execution)
-                    .shards(NonZeroUsize::new(shards).unwrap()),
-            );
-        }
-    }
-    builders
 }
 
 #[tokio::test(start_paused = true)]
