@@ -66,6 +66,41 @@ async fn without_the_lock_updates_are_lost() {
     assert_eq!(service.get(&client, "/stats").await["grants"], 0);
 }
 
+/// With the `metrics` feature, `/metrics` serves the registry's counters and gauges in
+/// Prometheus text: here after two credits and an overdraft, all through the lock.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn metrics_count_the_grants_and_show_nothing_held_afterwards() {
+    let service = Service::start(&[]).await;
+    let client = client();
+    for _ in 0..2 {
+        let credited = service.post(&client, "/accounts/3/credit", json!({"amount": 5}));
+        assert!(credited.await.status().is_success());
+    }
+    let overdraft = service.post(&client, "/accounts/3/debit", json!({"amount": 11}));
+    expect_error(overdraft.await, StatusCode::CONFLICT).await;
+    let text = client
+        .get(service.url("/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("Prometheus text");
+    for line in [
+        "keyed_locks_grants_total 3",
+        "keyed_locks_keys 0",
+        "keyed_locks_held 0",
+        "keyed_locks_wait_seconds_count 3",
+        "keyed_locks_hold_seconds_count 3",
+    ] {
+        assert!(
+            text.lines().any(|shown| shown == line),
+            "no `{line}` in\n{text}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn bad_input_gets_a_json_error_and_an_unknown_account_has_balance_0() {
     let service = Service::start(&[]).await;
