@@ -1,20 +1,20 @@
 //! [`KeyGuard`], the proof of holding a key.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::LockKey;
 use crate::observe::Acquisition;
-use crate::owner;
-use crate::request::{Request, RequestSender};
+use crate::shard::Shard;
 use crate::table::WaiterId;
 
 /// Holds one key of a [`LockRegistry`](crate::LockRegistry) until dropped.
 ///
 /// Dropping the guard releases the key without awaiting, so it is safe in `Drop`, during a
-/// panic's unwinding and when the holding task is aborted: if nobody else is using the
-/// registry the drop runs the release itself and wakes the next waiter, else it queues the
-/// release for whoever is. Either way the release takes effect before any request that the
-/// same task (or anything that happens after the drop) sends to the registry.
+/// panic's unwinding and when the holding task is aborted: in the default mode the drop runs
+/// the release itself and wakes the next waiter; in actor mode it queues the release for the
+/// actor task. Either way the release takes effect before any request that the same task (or
+/// anything that happens after the drop) sends to the registry.
 ///
 /// A guard keeps its registry alive: the registry stops by itself only once every handle and
 /// every guard is gone. A guard that outlives a [`shutdown`](crate::LockRegistry::shutdown)
@@ -36,24 +36,20 @@ pub struct KeyGuard<K: LockKey> {
 #[clippy::has_significant_drop]
 pub(crate) struct HeldGrant<K: LockKey> {
     waiter_id: WaiterId,
-    requests: RequestSender<K>,
+    /// The shard that granted it; one reference count, taken once per grant.
+    shard: Arc<Shard<K>>,
 }
 
 impl<K: LockKey> HeldGrant<K> {
-    pub(crate) fn new(waiter_id: WaiterId, requests: RequestSender<K>) -> Self {
-        HeldGrant {
-            waiter_id,
-            requests,
-        }
+    pub(crate) fn new(waiter_id: WaiterId, shard: Arc<Shard<K>>) -> Self {
+        HeldGrant { waiter_id, shard }
     }
 }
 
 impl<K: LockKey> Drop for HeldGrant<K> {
     fn drop(&mut self) {
-        // Never waits: the step runs here if the owner is idle, else the request joins an
-        // unbounded queue.
-        let waiter_id = self.waiter_id;
-        owner::send(&self.requests, || Request::Release { waiter_id });
+        // Never awaits: waits only for the shard's lock, the length of one step.
+        self.shard.release(self.waiter_id);
     }
 }
 
@@ -62,13 +58,13 @@ impl<K: LockKey> KeyGuard<K> {
         key: K,
         waiter_id: WaiterId,
         fencing_token: u64,
-        requests: RequestSender<K>,
+        shard: Arc<Shard<K>>,
         acquisition: Acquisition,
     ) -> Self {
         KeyGuard {
             key,
             fencing_token,
-            _held: HeldGrant::new(waiter_id, requests),
+            _held: HeldGrant::new(waiter_id, shard),
             _acquisition: acquisition,
         }
     }
@@ -91,7 +87,9 @@ impl<K: LockKey> KeyGuard<K> {
     }
 
     /// The fencing token of this grant: strictly greater than the token of every earlier grant
-    /// of the same registry, whatever the key, starting at 1.
+    /// of the same key, and never handed out twice by one registry. With one shard (the
+    /// default), greater than every earlier grant of the registry, whatever the key, starting
+    /// at 1.
     ///
     /// Pass it to the resource you protect and have the resource refuse tokens lower than the
     /// highest it has seen: that keeps a holder that was paused past its turn from writing.

@@ -231,7 +231,7 @@ mod registry;
 
 pub use pure::{journal, replay, table, trace};
 use pure::{overdue, stats};
-use runtime::{actor, grant, owner, request, run_token, shard, stall};
+use runtime::{actor, execution, owner, pending, request, router, shard, stall, sync};
 
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -248,10 +248,10 @@ pub use error::{
     AcquireError, JournalError, LockError, PermitsError, TryAcquireError, TryLockError,
     TryPermitsError,
 };
+pub use execution::Execution;
 pub use guard::KeyGuard;
 pub use multi_guard::MultiGuard;
 pub use registry::{LockRegistry, RegistryBuilder};
-pub use run_token::Execution;
 pub use stats::RegistryStats;
 
 /// What a key must be: hashable, comparable, cloneable, printable for `tracing`, and movable

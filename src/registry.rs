@@ -4,28 +4,26 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::num::{NonZeroU32, NonZeroUsize};
-use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kameo::actor::{ActorRef, Spawn};
 use kameo::mailbox;
-use tokio::sync::oneshot;
 
 use crate::LockKey;
 use crate::actor::{RegistryActor, RegistryConfig};
 use crate::error::{JournalError, LockError, PermitsError, TryLockError, TryPermitsError};
-use crate::grant::{self, GrantReceiver, GrantSender, Granted, NotGranted, Undo};
+use crate::execution::Execution;
 use crate::guard::{HeldGrant, KeyGuard};
 use crate::journal::Journal;
 use crate::multi_guard::MultiGuard;
 use crate::observe::{Acquisition, CallKind};
-use crate::owner::{self, Call, Owner, OwnerConfig};
-use crate::request::{Delivery, Outcome, Request, RequestSender};
-use crate::run_token::{self, Execution};
+use crate::owner::{Owner, OwnerConfig};
+use crate::pending::{Granted, NotGranted};
+use crate::request::{Delivery, Outcome, Request};
+use crate::router::ShardRouter;
 use crate::runtime::metrics::Histograms;
-use crate::shard::ShardRouter;
+use crate::shard::{GrantFuture, Shard};
 use crate::stall::{self, StallThresholds};
 use crate::stats::RegistryStats;
 use crate::table::{KeySet, Permits};
@@ -62,8 +60,8 @@ use crate::table::{KeySet, Permits};
 /// # }
 /// ```
 pub struct LockRegistry<K: LockKey> {
-    /// One per actor, in shard order; shared by every clone of the handle.
-    shards: Arc<[Shard<K>]>,
+    /// One per shard, in shard order; shared by every clone of the handle.
+    shards: Arc<[ShardHandle<K>]>,
     router: ShardRouter,
     /// Permits per key ([`RegistryBuilder::capacity`]).
     capacity: NonZeroU32,
@@ -71,12 +69,10 @@ pub struct LockRegistry<K: LockKey> {
     histograms: Histograms,
 }
 
-/// The handle's end of one registry actor.
-struct Shard<K: LockKey> {
+/// The handle's end of one shard: the shard itself, and its actor.
+struct ShardHandle<K: LockKey> {
+    shard: Arc<Shard<K>>,
     actor_ref: ActorRef<RegistryActor<K>>,
-    requests: RequestSender<K>,
-    /// The journal as it was when the actor stopped, if it kept one.
-    final_journal: Arc<OnceLock<Journal<K>>>,
 }
 
 impl<K: LockKey> LockRegistry<K> {
@@ -271,19 +267,14 @@ impl<K: LockKey> LockRegistry<K> {
         let acquisition =
             Acquisition::start(call, &key, permits.map(|p| p.get()), &self.histograms);
         let shard = self.shard_for(&key);
-        // Only the pending grant is kept across the await (not the whole `Acquiring`), which
-        // keeps every waiting `lock` future small.
-        let pending = match shard.acquire(key.clone(), permits) {
-            Acquiring::Granted(granted) => return Ok(shard.guard(key, granted, acquisition)),
-            Acquiring::Waiting(pending) => pending,
-            // An acquire waits rather than be refused; only a closed shard ends it early.
-            Acquiring::WouldBlock | Acquiring::Closed => {
-                acquisition.closed();
-                return Err(LockError::Closed);
-            }
+        let request = Request::Acquire {
+            key: key.clone(),
+            permits,
+            delivery: Delivery::Caller,
         };
-        match pending.await {
+        match GrantFuture::new(&shard.shard, request).await {
             Ok(granted) => Ok(shard.guard(key, granted, acquisition)),
+            // An acquire waits rather than be refused; only a closed shard ends it early.
             Err(_) => {
                 acquisition.closed();
                 Err(LockError::Closed)
@@ -417,13 +408,12 @@ impl<K: LockKey> LockRegistry<K> {
         let acquisition =
             Acquisition::start(call, &key, permits.map(|p| p.get()), &self.histograms);
         let shard = self.shard_for(&key);
-        let pending = match shard.try_acquire(key.clone(), permits) {
-            Acquiring::Granted(granted) => return Ok(shard.guard(key, granted, acquisition)),
-            Acquiring::Waiting(pending) => pending,
-            Acquiring::WouldBlock => return Err(refused(acquisition, NotGranted::WouldBlock)),
-            Acquiring::Closed => return Err(refused(acquisition, NotGranted::Closed)),
+        let request = Request::TryAcquire {
+            key: key.clone(),
+            permits,
+            delivery: Delivery::Caller,
         };
-        match pending.await {
+        match GrantFuture::new(&shard.shard, request).await {
             Ok(granted) => Ok(shard.guard(key, granted, acquisition)),
             Err(not_granted) => Err(refused(acquisition, not_granted)),
         }
@@ -547,20 +537,19 @@ impl<K: LockKey> LockRegistry<K> {
         for (shard, keys) in keys_by_shard {
             let shard = &self.shards[shard];
             let keys_held = keys.as_slice().to_vec();
-            let acquiring = match wait {
-                Wait::Yes => shard.acquire_all(keys),
-                Wait::No => shard.try_acquire_all(keys),
-            };
-            let granted = match acquiring {
-                Acquiring::Granted(granted) => granted,
-                Acquiring::Waiting(pending) => match pending.await {
-                    Ok(granted) => granted,
-                    Err(not_granted) => return Err(refused(acquisition, not_granted)),
+            let request = match wait {
+                Wait::Yes => Request::AcquireAll {
+                    keys,
+                    delivery: Delivery::Caller,
                 },
-                Acquiring::WouldBlock => {
-                    return Err(refused(acquisition, NotGranted::WouldBlock));
-                }
-                Acquiring::Closed => return Err(refused(acquisition, NotGranted::Closed)),
+                Wait::No => Request::TryAcquireAll {
+                    keys,
+                    delivery: Delivery::Caller,
+                },
+            };
+            let granted = match GrantFuture::new(&shard.shard, request).await {
+                Ok(granted) => granted,
+                Err(not_granted) => return Err(refused(acquisition, not_granted)),
             };
             guard.push(keys_held, granted.fencing_token, shard.held(granted));
         }
@@ -620,6 +609,7 @@ impl<K: LockKey> LockRegistry<K> {
         for shard in self.shards.iter() {
             total.add(
                 shard
+                    .shard
                     .ask(
                         |reply| Request::Stats { reply },
                         |outcome| match outcome {
@@ -627,7 +617,8 @@ impl<K: LockKey> LockRegistry<K> {
                             _ => None,
                         },
                     )
-                    .await?,
+                    .await
+                    .ok_or(LockError::Closed)?,
             );
         }
         Ok(total)
@@ -684,13 +675,8 @@ impl<K: LockKey> LockRegistry<K> {
             name: name.to_owned(),
             event,
         }));
-        // Comes to nothing only when the registry has stopped: then nobody reads the journal
-        // it keeps any more, since the final journal was taken at the stop.
-        let _ = owner::call(
-            &self.shards[0].requests,
-            || ((), ()),
-            |_| Request::Note { event },
-        );
+        // Comes to nothing only when the registry has closed: its journal ends at the close.
+        self.shards[0].shard.note(event);
     }
 
     /// The journal of every shard, in shard order; one journal for a registry with one shard.
@@ -764,6 +750,11 @@ impl<K: LockKey> LockRegistry<K> {
     /// # }
     /// ```
     pub async fn shutdown(&self) {
+        // Closed first, each under its lock: from here on every call finds its shard closed,
+        // whoever else is calling, and every waiter has its `Closed`.
+        for shard in self.shards.iter() {
+            shard.shard.close();
+        }
         for shard in self.shards.iter() {
             // Fails only if the actor has stopped already, which is what we want anyway.
             let _ = shard.actor_ref.stop_gracefully().await;
@@ -790,7 +781,7 @@ impl<K: LockKey> LockRegistry<K> {
     pub fn is_closed(&self) -> bool {
         self.shards
             .iter()
-            .any(|shard| shard.requests.is_closed() || !shard.actor_ref.is_alive())
+            .any(|shard| shard.shard.is_closed() || !shard.actor_ref.is_alive())
     }
 
     /// How many actors share the keys: 1 unless built with [`RegistryBuilder::shards`].
@@ -889,7 +880,7 @@ impl<K: LockKey> LockRegistry<K> {
     }
 
     #[inline]
-    fn shard_for(&self, key: &K) -> &Shard<K> {
+    fn shard_for(&self, key: &K) -> &ShardHandle<K> {
         &self.shards[self.router.shard_of(key)]
     }
 }
@@ -928,99 +919,13 @@ enum Wait {
 }
 
 /// Where an acquire stands once the owner has seen it, or queued it.
-enum Acquiring<'a, K: LockKey> {
-    /// The caller ran the step and the key was free: it holds the key now.
-    Granted(Granted),
-    /// The grant (or the refusal) comes through this future.
-    Waiting(PendingGrant<'a, K>),
-    /// A try-acquire found the key taken; nothing changed.
-    WouldBlock,
-    /// The shard takes no more requests.
-    Closed,
-}
-
-impl<K: LockKey> Shard<K> {
-    /// Asks for `key`: granted on the spot if the owner was idle and the key free, else
-    /// waiting, queued in the table or in the owner's queue. Dropping the returned future at
-    /// any point undoes the request (see [`PendingGrant`]). A plain function rather than an
-    /// `async` one: the caller's future then holds only the [`PendingGrant`] across its
-    /// await, which keeps every waiting `lock` smaller (`cargo bench --bench memory`).
-    fn acquire(&self, key: K, permits: Option<Permits>) -> Acquiring<'_, K> {
-        self.acquire_with(|grant| Request::Acquire {
-            key,
-            permits,
-            delivery: grant.map_or(Delivery::Caller, Delivery::Channel),
-        })
-    }
-
-    /// Asks for every key of `keys`, all of this shard's, exclusively and at once.
-    fn acquire_all(&self, keys: KeySet<K>) -> Acquiring<'_, K> {
-        self.acquire_with(|grant| Request::AcquireAll {
-            keys,
-            delivery: grant.map_or(Delivery::Caller, Delivery::Channel),
-        })
-    }
-
-    /// As [`acquire_all`](Self::acquire_all), for keys that are taken only if all are free.
-    fn try_acquire_all(&self, keys: KeySet<K>) -> Acquiring<'_, K> {
-        self.acquire_with(|grant| Request::TryAcquireAll { keys, grant })
-    }
-
-    /// The hold of a grant made by this shard, to put in a guard.
+impl<K: LockKey> ShardHandle<K> {
+    /// The grant's hold, for a guard: one reference count on the shard.
     fn held(&self, granted: Granted) -> HeldGrant<K> {
-        HeldGrant::new(granted.waiter_id, self.requests.clone())
+        HeldGrant::new(granted.waiter_id, Arc::clone(&self.shard))
     }
 
-    /// As [`acquire`](Self::acquire), for a key that is taken only if free.
-    fn try_acquire(&self, key: K, permits: Option<Permits>) -> Acquiring<'_, K> {
-        self.acquire_with(|grant| Request::TryAcquire {
-            key,
-            permits,
-            grant,
-        })
-    }
-
-    /// Runs the request `make` builds here if the owner is idle (with no grant channel: the
-    /// step's outcome tells), or queues it with a grant channel to wait on.
-    fn acquire_with(
-        &self,
-        make: impl FnOnce(Option<GrantSender>) -> Request<K>,
-    ) -> Acquiring<'_, K> {
-        let receiver = match owner::call(&self.requests, grant::channel, make) {
-            Call::Ran(Outcome::Queued(receiver)) | Call::Queued(receiver) => receiver,
-            Call::Ran(outcome) => {
-                let answer = match outcome {
-                    Outcome::Granted(granted) => Acquiring::Granted(granted),
-                    Outcome::WouldBlock => Acquiring::WouldBlock,
-                    // A step gives no other outcome for an acquire.
-                    _ => Acquiring::Closed,
-                };
-                outcome.discard();
-                return answer;
-            }
-            Call::Closed => return Acquiring::Closed,
-        };
-        Acquiring::Waiting(PendingGrant {
-            receiver,
-            requests: &self.requests,
-        })
-    }
-
-    /// Runs the request `make` builds here if the owner is idle (then `take` picks the answer
-    /// from the step's outcome), or queues it with a reply channel and waits for the reply.
-    async fn ask<T>(
-        &self,
-        make: impl FnOnce(Option<oneshot::Sender<T>>) -> Request<K>,
-        take: impl FnOnce(Outcome<K>) -> Option<T>,
-    ) -> Result<T, LockError> {
-        match owner::call(&self.requests, oneshot::channel, make) {
-            Call::Ran(outcome) => take(outcome).ok_or(LockError::Closed),
-            // The owner drops the reply unanswered only when it closes.
-            Call::Queued(answer) => answer.await.map_err(|_| LockError::Closed),
-            Call::Closed => Err(LockError::Closed),
-        }
-    }
-
+    /// The guard for a grant to a call of the handle.
     #[inline]
     fn guard(&self, key: K, granted: Granted, mut acquisition: Acquisition) -> KeyGuard<K> {
         acquisition.granted(granted.fencing_token);
@@ -1028,13 +933,15 @@ impl<K: LockKey> Shard<K> {
             key,
             granted.waiter_id,
             granted.fencing_token,
-            self.requests.clone(),
+            Arc::clone(&self.shard),
             acquisition,
         )
     }
 
+    /// The shard's journal; after a close, as it was when the shard closed.
     async fn journal(&self) -> Result<Journal<K>, LockError> {
         let current = self
+            .shard
             .ask(
                 |reply| Request::Journal { reply },
                 |outcome| match outcome {
@@ -1043,10 +950,9 @@ impl<K: LockKey> Shard<K> {
                 },
             )
             .await;
-        match current {
-            Err(LockError::Closed) => self.final_journal.get().cloned().ok_or(LockError::Closed),
-            answer => answer,
-        }
+        current
+            .or_else(|| self.shard.final_journal())
+            .ok_or(LockError::Closed)
     }
 }
 
@@ -1072,33 +978,6 @@ impl<K: LockKey> fmt::Debug for LockRegistry<K> {
             .field("actor_ids", &actor_ids)
             .field("closed", &self.is_closed())
             .finish()
-    }
-}
-
-/// The waiting half of a `lock` or `try_lock` call. Dropping it before the grant is received
-/// tells the registry what to undo (see [`crate::grant`] for the cases).
-struct PendingGrant<'a, K: LockKey> {
-    receiver: GrantReceiver,
-    requests: &'a RequestSender<K>,
-}
-
-impl<K: LockKey> Future for PendingGrant<'_, K> {
-    type Output = Result<Granted, NotGranted>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.receiver.poll_grant(cx)
-    }
-}
-
-impl<K: LockKey> Drop for PendingGrant<'_, K> {
-    fn drop(&mut self) {
-        // Never waits: run here or queued without bound.
-        let undo = match self.receiver.abandon() {
-            Undo::Nothing => return,
-            Undo::Cancel(waiter_id) => Request::Cancel { waiter_id },
-            Undo::Release(waiter_id) => Request::Release { waiter_id },
-        };
-        owner::send(self.requests, || undo);
     }
 }
 
@@ -1320,21 +1199,23 @@ impl<K: LockKey> RegistryBuilder<K> {
         let router = ShardRouter::new(self.shards);
         let shards = (0..self.shards.get())
             .map(|shard| {
-                let final_journal = Arc::new(OnceLock::new());
                 let owner_config = OwnerConfig {
                     journal_capacity: self.journal_capacity,
                     capacity: self.capacity,
-                    final_journal: Arc::clone(&final_journal),
                     shard,
                     router: router.clone(),
                     stall_thresholds: self.stall_thresholds,
                 };
-                let (requests, receiver) =
-                    run_token::run_token(|weak| Owner::new(owner_config, weak), self.execution);
+                let execution = self.execution;
+                let shard = Arc::new_cyclic(|shard_ref| {
+                    Shard::new(Owner::new(owner_config, shard_ref.clone()), execution)
+                });
                 if let Some(shortest) = self.stall_thresholds.shortest() {
-                    tokio::spawn(stall::watch_for_stalls(requests.downgrade(), shortest));
+                    tokio::spawn(stall::watch_for_stalls(Arc::downgrade(&shard), shortest));
                 }
-                let config = RegistryConfig { requests: receiver };
+                let config = RegistryConfig {
+                    shard: Arc::downgrade(&shard),
+                };
                 // Spawned by hand rather than with `spawn_with_mailbox`, which wraps the task in a
                 // task-local scope (for kameo's `is_current`, which nothing here uses) that costs
                 // every wake-up of the actor a copy in and out (`docs/performance-log.md`). The
@@ -1342,11 +1223,7 @@ impl<K: LockKey> RegistryBuilder<K> {
                 let prepared = RegistryActor::prepare_with_mailbox(mailbox::unbounded());
                 let actor_ref = prepared.actor_ref().clone();
                 tokio::spawn(prepared.run(config));
-                Shard {
-                    actor_ref,
-                    requests,
-                    final_journal,
-                }
+                ShardHandle { shard, actor_ref }
             })
             .collect();
         LockRegistry {

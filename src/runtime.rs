@@ -1,13 +1,18 @@
-//! The owner of each shard's table at run time: the run token and its queue of requests
-//! (`run_token`), the owner's one step (`owner`), the requests (`request`), the grant channel
-//! (`grant`), the kameo actor (`actor`), the shard router (`shard`), the stall warnings
-//! (`stall`) and the shard's metrics (`metrics`).
+//! The owner of each shard's table at run time: the shard and the lock its steps run under
+//! (`shard`), the owner's one step (`owner`), the requests (`request`), the waiters' pending
+//! grants (`pending`), who runs the steps (`execution`), the kameo actor (`actor`), the shard
+//! router (`router`), the stall warnings (`stall`), the shard's metrics (`metrics`), and the
+//! lock type that loom swaps (`sync`).
 
 pub(crate) mod actor;
-pub(crate) mod grant;
+pub(crate) mod execution;
+#[cfg(all(test, loom))]
+mod loom_models;
 pub(crate) mod metrics;
 pub(crate) mod owner;
+pub(crate) mod pending;
 pub(crate) mod request;
-pub(crate) mod run_token;
+pub(crate) mod router;
 pub(crate) mod shard;
 pub(crate) mod stall;
+pub(crate) mod sync;

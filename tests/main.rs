@@ -40,6 +40,7 @@ mod run_on_caller;
 mod seed_scenario;
 mod shards;
 mod shutdown;
+mod shutdown_final;
 mod stall_warnings;
 mod table_model;
 mod trace_format;

@@ -1,7 +1,7 @@
-//! With the default execution mode a call that finds its shard idle runs the owner's step
-//! itself (a free key is granted on the first poll, a release wakes the next waiter at once),
-//! and a call that finds a step running queues, to be served in arrival order by whoever runs
-//! it. Actor mode keeps every request on the actor task.
+//! With the default execution mode every call runs the owner's step itself (a free key is
+//! granted on the first poll, a release wakes the next waiter at once), and a call that finds
+//! a step running waits for it, then runs its own. Actor mode keeps every request on the actor
+//! task.
 
 use std::hash::{Hash, Hasher};
 use std::sync::mpsc;
@@ -62,7 +62,7 @@ async fn in_actor_mode_a_release_goes_through_the_actor() {
 }
 
 /// A key whose `Hash` can be made to wait at a gate, once: the step that first hashes it
-/// keeps running (holding the run token) until the test opens the gate.
+/// keeps running (holding the shard's lock) until the test opens the gate.
 #[derive(Debug, Clone)]
 struct Gated {
     id: u32,
@@ -101,9 +101,9 @@ fn key(id: u32) -> Gated {
     Gated { id, gate: None }
 }
 
-/// Starts a step on another thread that stops at a gate while holding the run token; returns
-/// the sender that opens the gate and the thread.
-fn hold_the_token_on_another_thread(
+/// Starts a step on another thread that stops at a gate while holding the shard's lock;
+/// returns the sender that opens the gate and the thread.
+fn hold_the_shard_on_another_thread(
     registry: &LockRegistry<Gated>,
 ) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
     let (reached, reached_rx) = mpsc::sync_channel(1);
@@ -126,58 +126,47 @@ fn hold_the_token_on_another_thread(
     (open, thread)
 }
 
-#[tokio::test]
-async fn requests_made_while_a_step_runs_are_served_by_its_caller_in_arrival_order() {
-    let registry = registry(Execution::RunOnCaller);
-    let holder = registry.lock(key(1)).await.unwrap();
-    let (open, thread) = hold_the_token_on_another_thread(&registry);
+/// A call made while another thread's step runs does not get ahead of it: it waits for that
+/// step to end, then runs its own, and its grant comes after the running step's.
+#[test]
+fn a_call_made_while_a_step_runs_waits_for_it_then_runs_its_own() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let registry: LockRegistry<Gated> =
+        runtime.block_on(async { registry(Execution::RunOnCaller) });
+    let (open, gated) = hold_the_shard_on_another_thread(&registry);
 
-    // The shard is busy: these queue, in this order, instead of running here.
-    drop(holder);
-    let mut first = task::spawn(registry.lock(key(1)));
-    let mut second = task::spawn(registry.lock(key(1)));
-    assert_pending!(first.poll());
-    assert_pending!(second.poll());
-    let mut free = task::spawn(registry.lock(key(2)));
-    assert_pending!(free.poll(), "even a free key waits while a step runs");
-
-    open.send(()).unwrap();
-    thread.join().unwrap();
-    // The other thread's caller served the queue before letting go: release, then the two
-    // acquires in arrival order, then the free key.
-    assert!(first.is_woken() && free.is_woken());
-    let first = assert_ready!(first.poll()).unwrap();
-    assert_pending!(second.poll());
-    let free = assert_ready!(free.poll()).unwrap();
-    assert_eq!(
-        (first.fencing_token(), free.fencing_token()),
-        (3, 4),
-        "key 1 was held (1), the gated step took 2"
+    let (done, done_rx) = mpsc::channel();
+    let caller = {
+        let registry = registry.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let token =
+                runtime.block_on(async { registry.lock(key(1)).await.unwrap().fencing_token() });
+            done.send(token).unwrap();
+        })
+    };
+    // However long it is given, the caller cannot finish while the gated step runs.
+    assert!(
+        done_rx
+            .recv_timeout(std::time::Duration::from_millis(100))
+            .is_err(),
+        "the call ran while another step held the shard"
     );
-    drop(first);
-    assert_eq!(assert_ready!(second.poll()).unwrap().fencing_token(), 5);
-    drop(free);
-    assert_eq!(registry.stats().await.unwrap().keys, 0);
-}
-
-#[tokio::test]
-async fn a_request_dropped_while_queued_behind_a_step_leaves_nothing() {
-    let registry = registry(Execution::RunOnCaller);
-    let (open, thread) = hold_the_token_on_another_thread(&registry);
-    let mut dropped = task::spawn(registry.lock(key(1)));
-    assert_pending!(dropped.poll());
-    let mut dropped_try = task::spawn(registry.try_lock(key(2)));
-    assert_pending!(dropped_try.poll());
-    drop((dropped, dropped_try));
-
     open.send(()).unwrap();
-    thread.join().unwrap();
-    let stats = registry.stats().await.unwrap();
+    gated.join().unwrap();
+    caller.join().unwrap();
     assert_eq!(
-        (stats.keys, stats.grants),
-        (0, 1),
-        "only the gated step was granted"
+        done_rx.recv().unwrap(),
+        2,
+        "after the gated step's grant (1)"
     );
+    runtime.block_on(async {
+        assert_eq!(registry.stats().await.unwrap().keys, 0);
+    });
 }
 
 #[tokio::test]
@@ -189,26 +178,24 @@ async fn a_grant_made_while_its_caller_gave_up_passes_the_key_on() {
     let mut next = task::spawn(registry.lock(key(1)));
     assert_pending!(next.poll());
 
-    let (open, thread) = hold_the_token_on_another_thread(&registry);
-    drop(holder); // queued: granted to `gives_up` once the gate opens
-    open.send(()).unwrap();
-    thread.join().unwrap();
+    drop(holder); // granted to `gives_up`, which is woken but not polled
     assert!(gives_up.is_woken());
     drop(gives_up); // its grant in flight: the drop releases, and `next` gets the key
     assert!(next.is_woken());
     let guard = assert_ready!(next.poll()).unwrap();
+    assert_eq!(guard.fencing_token(), 3);
     drop(guard);
     assert_eq!(registry.stats().await.unwrap().keys, 0);
 }
 
-/// The default mode's way to the case where a waiter gives up while the release that grants
-/// to it waits to be handled: both wait in the queue behind a running step, release first.
-/// The step's caller grants to a waiter that has already given up, releases at once and
-/// grants the next; the cancel that follows finds nothing and is refused.
+/// In actor mode, a waiter that gives up while the release that grants to it waits for the
+/// actor: both wait in the queue, release first. The actor grants to a waiter that has
+/// already given up, releases at once and grants the next; the cancel that follows finds
+/// nothing and is refused.
 #[tokio::test]
-async fn a_waiter_giving_up_after_its_holder_released_behind_a_running_step_passes_the_key_on() {
+async fn a_waiter_giving_up_after_its_holder_released_in_the_actors_queue_passes_the_key_on() {
     let registry = LockRegistry::builder()
-        .execution(Execution::RunOnCaller)
+        .execution(Execution::ActorTask)
         .journal(1_000)
         .spawn();
     let holder = registry.lock(key(1)).await.unwrap();
@@ -216,15 +203,14 @@ async fn a_waiter_giving_up_after_its_holder_released_behind_a_running_step_pass
     assert_pending!(gives_up.poll());
     let mut next = task::spawn(registry.lock(key(1)));
     assert_pending!(next.poll());
+    registry.stats().await.unwrap(); // both are queued in the table
 
-    let (open, thread) = hold_the_token_on_another_thread(&registry);
-    drop(holder); // queued
+    drop(holder); // queued for the actor
     drop(gives_up); // queued after it: a cancel, since the waiter is still queued
     assert!(!next.is_woken());
-    open.send(()).unwrap();
-    thread.join().unwrap();
+    registry.stats().await.unwrap();
     assert!(next.is_woken());
-    assert_eq!(assert_ready!(next.poll()).unwrap().fencing_token(), 4);
+    assert_eq!(assert_ready!(next.poll()).unwrap().fencing_token(), 3);
     assert_eq!(registry.stats().await.unwrap().keys, 0);
 
     let waiter = |arrival| WaiterId::new(arrival).unwrap();
@@ -252,20 +238,15 @@ async fn a_waiter_giving_up_after_its_holder_released_behind_a_running_step_pass
             grant(1, 1),
             acquire(2),
             acquire(3),
-            // The gated step: a try_lock of another key, w4, granted token 2.
-            JournalEvent::TryAcquire { key: key(999) },
-            grant(4, 2),
-            // What queued behind it, in order.
             release(1),
-            grant(2, 3),
+            grant(2, 2),
             release(2),
-            grant(3, 4),
+            grant(3, 3),
             JournalEvent::Cancel { waiter: waiter(2) },
             JournalEvent::Refused {
                 waiter: waiter(2),
                 reason: Refusal::Unknown,
             },
-            release(4),
             release(3),
         ]
     );

@@ -1,21 +1,21 @@
-//! [`RegistryActor`], the task that owns a registry shard's lock table when no caller does.
+//! [`RegistryActor`], the task behind each registry shard: the actor-mode server of its queue,
+//! kameo's face of the registry, and the watcher of its lifecycle.
 //!
-//! The table lies behind the shard's run token ([`crate::run_token`]); whoever holds the token
-//! runs the owner's step ([`crate::owner`]). In the default execution mode callers take it
-//! themselves when the shard is idle, and the actor runs only when work is handed to it: a
-//! caller that served its bound of queued requests leaves the rest to the actor. In actor mode
-//! ([`Execution::ActorTask`](crate::Execution::ActorTask)) every request is queued, and the
-//! actor serves the queue a batch at a time, as a classic actor does.
+//! In actor mode ([`Execution::ActorTask`](crate::Execution::ActorTask)) every request is
+//! queued in the shard and the actor serves the queue a batch at a time, as a classic actor
+//! does. In the default mode callers run their own steps and the actor only handles kameo's
+//! messages.
 //!
 //! The actor is also what kameo sees: its mailbox carries the public
 //! [`messages`](crate::messages) and kameo's own signals (stop), polled whenever the actor waits
-//! and looked at between shares of work. Every message handler, and every signal before it goes to
-//! kameo, takes the token and first serves whatever is queued, so whatever was sent before is
-//! handled first. Its lifecycle is the registry's: when it stops, for any reason, it closes
-//! the table and every waiter gets `Closed`.
+//! and looked at between shares of work. Every message handler takes the shard's lock and
+//! first serves whatever is queued, so whatever was sent before is handled first. Its
+//! lifecycle is the registry's: when it stops, for any reason, it closes the shard and every
+//! waiter gets `Closed`; and it stops by itself once every handle and guard is gone.
 
 use std::fmt;
 use std::future::poll_fn;
+use std::sync::Weak;
 use std::task::Poll;
 
 use kameo::Actor;
@@ -34,8 +34,8 @@ use crate::journal::Journal;
 use crate::messages::{Acquire, GetJournal, GetStats, TryAcquire};
 use crate::observe::OWNER_TARGET;
 use crate::owner::{Effects, Owner};
-use crate::request::{Delivery, Outcome, Request, RequestReceiver};
-use crate::run_token::{ACTOR_SERVE_BOUND, Work};
+use crate::request::{Delivery, Outcome, Request};
+use crate::shard::{Shard, Work};
 use crate::stats::RegistryStats;
 
 /// The kameo actor behind a [`LockRegistry`](crate::LockRegistry). Its state is private; talk
@@ -45,8 +45,9 @@ use crate::stats::RegistryStats;
 /// that are held. If it stops for any reason (shutdown, panic, kill), every waiter gets
 /// [`LockError::Closed`](crate::LockError::Closed) and so does every later request.
 pub struct RegistryActor<K: LockKey> {
-    /// The shard's run token and request queue, from the actor's side.
-    requests: RequestReceiver<K>,
+    /// The shard it serves; weak, so that the shard goes (and the actor stops) once every
+    /// handle and guard is gone.
+    shard: Weak<Shard<K>>,
     /// Whether kameo's mailbox can still deliver. It closes when no `ActorRef` is left, while
     /// guards may still send releases.
     mailbox_open: bool,
@@ -56,31 +57,30 @@ pub struct RegistryActor<K: LockKey> {
 /// Public only because kameo names it in `Actor::Args`; it cannot be named outside the crate.
 #[derive(Debug)]
 pub struct RegistryConfig<K: LockKey> {
-    pub(crate) requests: RequestReceiver<K>,
+    pub(crate) shard: Weak<Shard<K>>,
 }
 
 impl<K: LockKey> RegistryActor<K> {
     fn new(config: RegistryConfig<K>) -> Self {
         RegistryActor {
-            requests: config.requests,
+            shard: config.shard,
             mailbox_open: true,
         }
     }
 
-    /// Takes the run token as soon as nobody else holds it, serves what is queued, runs `f`
-    /// on the owner, and gives the token back (serving what was queued meanwhile). `None` if
-    /// the table has been closed for good, which only happens once the actor has stopped.
-    async fn with_owner<T>(
-        &self,
-        f: impl FnOnce(&mut Owner<K>, &mut Effects<K>) -> T,
-    ) -> Option<T> {
-        let mut token = poll_fn(|cx| self.requests.poll_token(cx)).await?;
-        let mut effects = Effects::new();
-        token.serve_queued(&mut effects);
-        let result = f(token.owner(), &mut effects);
-        token.release(&mut effects, ACTOR_SERVE_BOUND);
-        effects.carry_out();
-        Some(result)
+    /// Serves what is queued, then runs `f` on the owner, under the shard's lock. `None` if
+    /// the shard is closed or gone.
+    fn with_owner<T>(&self, f: impl FnOnce(&mut Owner<K>, &mut Effects<K>) -> T) -> Option<T> {
+        self.shard
+            .upgrade()?
+            .with_state(|state, effects| f(state.owner(), effects))
+    }
+
+    /// Runs `request` as a step, after what is queued. `None` if the shard is closed or gone.
+    fn step(&self, request: Request<K>) -> Option<Outcome<K>> {
+        self.shard
+            .upgrade()?
+            .with_state(|state, effects| state.step(request, effects))
     }
 }
 
@@ -116,13 +116,12 @@ impl<K: LockKey> Actor for RegistryActor<K> {
             // Queued work first, then the mailbox, both while waiting and after every share of
             // work, so a busy queue cannot starve a stop.
             let wake = poll_fn(|cx| {
-                match self.requests.poll_work(cx) {
-                    Poll::Ready(Work::Serve(token)) => {
-                        let mut effects = Effects::new();
-                        token.release(&mut effects, ACTOR_SERVE_BOUND);
-                        effects.carry_out();
-                        return Poll::Ready(Wake::Served);
-                    }
+                let work = match self.shard.upgrade() {
+                    Some(shard) => shard.poll_work(cx),
+                    None => Poll::Ready(Work::Stop),
+                };
+                match work {
+                    Poll::Ready(Work::Served) => return Poll::Ready(Wake::Served),
                     Poll::Ready(Work::Stop) => return Poll::Ready(Wake::Stop),
                     Poll::Pending => {}
                 }
@@ -148,7 +147,7 @@ impl<K: LockKey> Actor for RegistryActor<K> {
                 Wake::Served => continue,
                 Wake::Mailbox(Some(signal)) => {
                     // For a stop: what was queued before it is served before `on_stop` closes.
-                    self.with_owner(|_, _| ()).await;
+                    self.with_owner(|_, _| ());
                     return Ok(Some(signal));
                 }
                 // No `ActorRef` is left, but guards may still send releases.
@@ -166,13 +165,20 @@ impl<K: LockKey> Actor for RegistryActor<K> {
         reason: ActorStopReason,
     ) -> Result<(), Infallible> {
         debug!(target: OWNER_TARGET, %reason, "registry actor stopping");
-        // Waits, if a caller is running a step, until it lets go: steps are short and never
-        // await.
-        if let Some(token) = poll_fn(|cx| self.requests.poll_token(cx)).await {
-            let (owner, queued) = self.requests.close(token);
-            owner.close(queued);
+        if let Some(shard) = self.shard.upgrade() {
+            shard.close();
         }
         Ok(())
+    }
+}
+
+impl<K: LockKey> Drop for RegistryActor<K> {
+    fn drop(&mut self) {
+        // Dropped without `on_stop` only when its task is (the runtime shutting down): the
+        // registry is closed all the same, so no waiter hangs.
+        if let Some(shard) = self.shard.upgrade() {
+            shard.close();
+        }
     }
 }
 
@@ -195,28 +201,34 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
         };
         // The reply goes out after the token is let go, unless the step keeps it to answer
         // when the key is granted.
-        let refused = self
-            .with_owner(|owner, effects| {
-                if !owner.owns(&key) {
-                    debug!(target: OWNER_TARGET, ?key, "acquire sent to the wrong shard: refused");
-                    return Some(reply);
-                }
-                let delivery = Delivery::Message(Box::new(Box::new(move |guard: Option<_>| {
-                    reply.send(guard.ok_or(AcquireError::Closed))
-                })));
-                let _done = owner.step(
+        let Some(shard) = self.shard.upgrade() else {
+            reply.send(Err(AcquireError::Closed));
+            return delegated;
+        };
+        // The reply goes out after the lock is let go, unless the step keeps it to answer
+        // when the key is granted. A closed shard drops the request, and with it the reply:
+        // the asker then learns that the registry is gone.
+        let answered = shard.with_state(|state, effects| {
+            if !state.owner().owns(&key) {
+                debug!(target: OWNER_TARGET, ?key, "acquire sent to the wrong shard: refused");
+                return Some(reply);
+            }
+            let delivery = Delivery::Message(Box::new(Box::new(move |guard: Option<_>| {
+                reply.send(guard.ok_or(AcquireError::Closed))
+            })));
+            state
+                .step(
                     Request::Acquire {
                         key,
                         permits: None,
                         delivery,
                     },
                     effects,
-                );
-                None
-            })
-            .await;
-        // `None` (closed) cannot happen while kameo still delivers messages.
-        if let Some(Some(reply)) = refused {
+                )
+                .discard();
+            None
+        });
+        if let Some(Some(reply)) = answered {
             reply.send(Err(AcquireError::WrongShard));
         }
         delegated
@@ -234,27 +246,30 @@ impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
         ctx: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
         let reply = self
-            .with_owner(|owner, effects| {
-                if !owner.owns(&key) {
-                    debug!(target: OWNER_TARGET, ?key, "try acquire sent to the wrong shard: refused");
-                    return Err(TryAcquireError::WrongShard);
-                }
-                match owner.step(
-                    Request::TryAcquire {
+            .shard
+            .upgrade()
+            .and_then(|shard| {
+                shard.with_state(|state, effects| {
+                    if !state.owner().owns(&key) {
+                        debug!(target: OWNER_TARGET, ?key, "try acquire sent to the wrong shard: refused");
+                        return Err(TryAcquireError::WrongShard);
+                    }
+                    let request = Request::TryAcquire {
                         key,
                         permits: None,
-                        grant: None,
-                    },
-                    effects,
-                ) {
-                    // No guard only if no handle or guard is left: the registry is about to stop.
-                    Outcome::Granted(granted) => owner
-                        .guard_for_message(granted.waiter_id, granted.fencing_token)
-                        .ok_or(TryAcquireError::Closed),
-                    _ => Err(TryAcquireError::WouldBlock),
-                }
+                        delivery: Delivery::Caller,
+                    };
+                    match state.step(request, effects) {
+                        // No guard only if no handle or guard is left: the registry is about
+                        // to stop.
+                        Outcome::Granted(granted) => state
+                            .owner()
+                            .guard_for_message(granted.waiter_id, granted.fencing_token)
+                            .ok_or(TryAcquireError::Closed),
+                        _ => Err(TryAcquireError::WouldBlock),
+                    }
+                })
             })
-            .await
             .unwrap_or(Err(TryAcquireError::Closed));
         // With `tell` there is no reply sender: the guard is dropped here and releases.
         ctx.reply(reply)
@@ -266,7 +281,6 @@ impl<K: LockKey> Message<GetStats> for RegistryActor<K> {
 
     async fn handle(&mut self, _: GetStats, _: &mut Context<Self, RegistryStats>) -> RegistryStats {
         self.with_owner(|owner, _| owner.stats())
-            .await
             .unwrap_or_default()
     }
 }
@@ -275,12 +289,13 @@ impl<K: LockKey> Message<GetJournal> for RegistryActor<K> {
     type Reply = Journal<K>;
 
     async fn handle(&mut self, _: GetJournal, _: &mut Context<Self, Journal<K>>) -> Journal<K> {
-        let journal = self
-            .with_owner(|owner, effects| owner.step(Request::Journal { reply: None }, effects))
-            .await;
-        match journal {
+        match self.step(Request::Journal { reply: None }) {
             Some(Outcome::Journal(journal)) => journal,
-            _ => Journal::default(),
+            _ => self
+                .shard
+                .upgrade()
+                .and_then(|shard| shard.final_journal())
+                .unwrap_or_default(),
         }
     }
 }

@@ -1,49 +1,49 @@
 //! [`Owner`], a registry shard's state, and [`Owner::step`], the one step that changes it.
 //!
-//! Whoever holds the run token ([`crate::run_token`]) runs the step: a caller of the handle
-//! that found the owner idle, a caller serving requests queued meanwhile, or the actor task.
+//! Whoever holds the shard's lock ([`crate::shard`]) runs the step: a caller of the handle
+//! (the default mode), a guard's drop, or the actor task (actor mode, and kameo's messages).
 //! It is the same function on every path, so every path keeps the same rules and is recorded
 //! in the journal the same way. The step never awaits and never wakes a task or answers a
 //! kameo `ask` itself: it leaves those in [`Effects`], which the caller carries out once it has
-//! let go of the token. What does run under the token is the key's own `Hash`, `Eq`, `Clone`
+//! let go of the lock. What does run under the lock is the key's own `Hash`, `Eq`, `Clone`
 //! and `Debug`, and a `tracing` subscriber's handling of the debug events: the table cannot
 //! work without the first, and the events name the key.
 
 use std::num::NonZeroU32;
-use std::sync::{Arc, OnceLock};
+use std::sync::Weak;
 use std::task::Waker;
 
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use crate::LockKey;
-use crate::grant::{self, Granted};
 use crate::guard::KeyGuard;
 use crate::journal::{Journal, JournaledTable};
 use crate::observe::{Acquisition, OWNER_TARGET};
-use crate::request::{Delivery, MessageReply, Outcome, Request, WeakRequestSender};
-use crate::run_token::{CALLER_SERVE_BOUND, Entry, Owned};
+use crate::pending::{Granted, PendingGrants, PendingKey};
+use crate::request::{Delivery, MessageReply, Outcome, Request};
+use crate::router::ShardRouter;
 use crate::runtime::metrics::ShardMetrics;
-use crate::shard::ShardRouter;
+use crate::shard::Shard;
 use crate::stall::{StallThresholds, StallWatch};
 use crate::stats::RegistryStats;
 use crate::table::{Acquired, Grant, KeySet, Permits, WaiterId, WouldBlock};
 
 /// A registry shard's state: its lock table and what it needs to deliver grants. Reached
-/// only through the run token.
+/// only through the shard's lock.
 pub(crate) struct Owner<K: LockKey> {
     /// The lock table, recording into a journal if the builder asked for one.
     table: JournaledTable<K, Delivery<K>>,
+    /// The grants that waiting futures wait for ([`crate::pending`]).
+    pending: PendingGrants,
     /// Where journal times count from.
     started: tokio::time::Instant,
     /// Grants made by the current table call and not yet delivered. A field rather than a
     /// local so that its allocation is reused.
     granted: Vec<Grant<Delivery<K>>>,
-    /// For the guards of `ask(Acquire)` replies; weak, so that the owner alone does not keep
-    /// the actor running.
-    weak_requests: WeakRequestSender<K>,
-    /// Where the journal is left when the shard closes, for reading after a shutdown.
-    final_journal: Arc<OnceLock<Journal<K>>>,
+    /// The shard this owner lives in, for the guards of `ask(Acquire)` replies; weak, so that
+    /// the owner does not keep its own shard alive.
+    shard_ref: Weak<Shard<K>>,
     /// Which shard of the registry this is.
     shard: usize,
     /// Which keys this shard owns, and how its table's tokens become the registry's.
@@ -55,18 +55,17 @@ pub(crate) struct Owner<K: LockKey> {
 }
 
 /// What a shard's owner is built from.
-pub(crate) struct OwnerConfig<K> {
+pub(crate) struct OwnerConfig {
     /// Keep the last this many journal events; no journal if `None`.
     pub(crate) journal_capacity: Option<usize>,
     /// Permits per key.
     pub(crate) capacity: NonZeroU32,
-    pub(crate) final_journal: Arc<OnceLock<Journal<K>>>,
     pub(crate) shard: usize,
     pub(crate) router: ShardRouter,
     pub(crate) stall_thresholds: StallThresholds,
 }
 
-/// What steps leave to do once the token is let go: tasks to wake and kameo replies to send.
+/// What steps leave to do once the lock is let go: tasks to wake and kameo replies to send.
 ///
 /// Carried out when dropped, so that nothing is lost even if a step panics half way (the
 /// grants already recorded in waiters' channels then still reach them).
@@ -94,7 +93,7 @@ impl<K: LockKey> Effects<K> {
     }
 
     #[inline]
-    fn wake(&mut self, waker: Waker) {
+    pub(crate) fn wake(&mut self, waker: Waker) {
         match self.wake {
             None => self.wake = Some(waker),
             Some(_) => self.more().wakes.push(waker),
@@ -143,23 +142,14 @@ impl<K: LockKey> Drop for Effects<K> {
     }
 }
 
-impl<K: LockKey> Owned<Request<K>> for Owner<K> {
-    type Effects = Effects<K>;
-
-    fn serve(&mut self, request: Request<K>, effects: &mut Effects<K>) {
-        // A queued request carries its own channel: nothing comes back to give.
-        let _done = self.step(request, effects);
-    }
-}
-
 impl<K: LockKey> Owner<K> {
-    pub(crate) fn new(config: OwnerConfig<K>, weak_requests: WeakRequestSender<K>) -> Self {
+    pub(crate) fn new(config: OwnerConfig, shard_ref: Weak<Shard<K>>) -> Self {
         Owner {
             table: JournaledTable::for_permits(config.capacity, config.journal_capacity),
+            pending: PendingGrants::default(),
             started: tokio::time::Instant::now(),
             granted: Vec::new(),
-            weak_requests,
-            final_journal: config.final_journal,
+            shard_ref,
             shard: config.shard,
             router: config.router,
             stalls: StallWatch::new(config.stall_thresholds).map(Box::new),
@@ -177,7 +167,9 @@ impl<K: LockKey> Owner<K> {
 
     #[inline]
     fn take(&mut self, request: Request<K>, effects: &mut Effects<K>) -> Outcome<K> {
-        if request.gave_up() {
+        if let Some(pending) = request.pending_key()
+            && self.pending.is_gone(pending)
+        {
             // The caller gave up before the request got here: touch nothing, make no entry.
             debug!(target: OWNER_TARGET, ?request, "withdrawn before it arrived");
             return Outcome::Done;
@@ -191,10 +183,12 @@ impl<K: LockKey> Owner<K> {
             Request::TryAcquire {
                 key,
                 permits,
-                grant,
-            } => self.try_acquire(key, permits, grant, effects),
+                delivery,
+            } => self.try_acquire(key, permits, delivery, effects),
             Request::AcquireAll { keys, delivery } => self.acquire_all(keys, delivery, effects),
-            Request::TryAcquireAll { keys, grant } => self.try_acquire_all(keys, grant, effects),
+            Request::TryAcquireAll { keys, delivery } => {
+                self.try_acquire_all(keys, delivery, effects)
+            }
             Request::Release { waiter_id } => {
                 self.stamp_time();
                 self.release(waiter_id);
@@ -207,9 +201,6 @@ impl<K: LockKey> Owner<K> {
                 self.deliver_grants(effects)
             }
             Request::Stats { reply } => answer(reply, self.table.table().stats(), Outcome::Stats),
-            Request::CheckStalls { reply } => {
-                answer(reply, self.check_stalls(), Outcome::NextCheck)
-            }
             #[cfg(feature = "postgres")]
             Request::Note { event } => {
                 self.stamp_time();
@@ -262,7 +253,7 @@ impl<K: LockKey> Owner<K> {
     }
 
     /// What an acquire does once the table has answered: a grant is delivered; a queued
-    /// request gets a grant channel, or is withdrawn if its caller gave up meanwhile.
+    /// request's waiter learns its place, or is withdrawn if it gave up meanwhile.
     #[inline]
     fn grant_or_queue(
         &mut self,
@@ -272,15 +263,14 @@ impl<K: LockKey> Owner<K> {
         match acquired {
             Acquired::Granted(grant) => self.granted.push(grant),
             Acquired::Queued(waiter_id) => match self.table.delivery_mut(waiter_id) {
-                // The caller is here: give it a channel to wait on, already marked queued.
-                Some(delivery @ Delivery::Caller) => {
-                    let (sender, receiver) = grant::queued_channel(waiter_id);
-                    *delivery = Delivery::Channel(sender);
-                    return Outcome::Queued(receiver);
-                }
-                // Tell the caller its place, so that giving up becomes a cancel; if it gave
+                // The caller is here: it gives the record a pending grant before it lets go
+                // of the shard ([`Owner::wait_here`]).
+                Some(Delivery::Caller) => return Outcome::Queued(waiter_id),
+                // Tell the waiter its place, so that giving up becomes a cancel; if it gave
                 // up in the meantime, withdraw it now.
-                Some(Delivery::Channel(grant)) if grant.queued(waiter_id).is_err() => {
+                Some(Delivery::Pending(pending))
+                    if self.pending.mark_queued(*pending, waiter_id).is_err() =>
+                {
                     self.cancel(waiter_id);
                 }
                 _ => {}
@@ -289,12 +279,31 @@ impl<K: LockKey> Owner<K> {
         self.deliver_grants(effects)
     }
 
+    /// Gives the waiting request `waiter_id`, queued by a caller that ran its own step
+    /// ([`Outcome::Queued`]), a pending grant for `waker`'s task to wait on.
+    #[inline]
+    pub(crate) fn wait_here(&mut self, waiter_id: WaiterId, waker: &Waker) -> PendingKey {
+        let pending = self.pending.queued(waiter_id, waker);
+        match self.table.delivery_mut(waiter_id) {
+            Some(delivery) => *delivery = Delivery::Pending(pending),
+            // The step that returned `Queued` left the record waiting.
+            None => debug_assert!(false, "a waiter queued by this step is waiting"),
+        }
+        pending
+    }
+
+    /// The pending grants, for the futures that wait on them.
+    #[inline]
+    pub(crate) fn pending(&mut self) -> &mut PendingGrants {
+        &mut self.pending
+    }
+
     #[inline]
     fn try_acquire(
         &mut self,
         key: K,
         permits: Option<Permits>,
-        grant: Option<grant::GrantSender>,
+        delivery: Delivery<K>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
         debug!(target: OWNER_TARGET, ?key, "try acquire");
@@ -303,19 +312,19 @@ impl<K: LockKey> Owner<K> {
             None => self.table.try_acquire(key),
             Some(permits) => self.table.try_acquire_permits(key, permits),
         };
-        self.grant_or_refuse(taken, grant, effects)
+        self.grant_or_refuse(taken, delivery, effects)
     }
 
     fn try_acquire_all(
         &mut self,
         keys: KeySet<K>,
-        grant: Option<grant::GrantSender>,
+        delivery: Delivery<K>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
         debug!(target: OWNER_TARGET, keys = ?keys.as_slice(), "try acquire of several keys");
         self.stamp_time();
         let taken = self.table.try_acquire_all(keys);
-        self.grant_or_refuse(taken, grant, effects)
+        self.grant_or_refuse(taken, delivery, effects)
     }
 
     /// What a try-acquire does once the table has answered: a grant is delivered like any
@@ -324,26 +333,26 @@ impl<K: LockKey> Owner<K> {
     fn grant_or_refuse(
         &mut self,
         taken: Result<Grant<()>, WouldBlock>,
-        grant: Option<grant::GrantSender>,
+        delivery: Delivery<K>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
-        match (taken, grant) {
+        match (taken, delivery) {
             // Delivered like any grant, so a caller that gave up meanwhile releases it at once.
-            (Ok(granted), grant) => self.granted.push(Grant {
+            (Ok(granted), delivery) => self.granted.push(Grant {
                 waiter_id: granted.waiter_id,
                 fencing_token: granted.fencing_token,
-                delivery: grant.map_or(Delivery::Caller, Delivery::Channel),
+                delivery,
             }),
-            (Err(_), None) => {
+            (Err(_), Delivery::Pending(pending)) => {
                 self.metrics.would_block();
-                return Outcome::WouldBlock;
-            }
-            (Err(_), Some(grant)) => {
-                self.metrics.would_block();
-                if let Some(waker) = grant.would_block() {
+                if let Some(waker) = self.pending.would_block(pending) {
                     effects.wake(waker);
                 }
                 return Outcome::Done;
+            }
+            (Err(_), Delivery::Caller | Delivery::Message(_)) => {
+                self.metrics.would_block();
+                return Outcome::WouldBlock;
             }
         }
         self.deliver_grants(effects)
@@ -380,7 +389,7 @@ impl<K: LockKey> Owner<K> {
             }
             match delivery {
                 Delivery::Caller => own_grant = Some(granted),
-                Delivery::Channel(sender) => match sender.grant(granted) {
+                Delivery::Pending(pending) => match self.pending.grant(pending, granted) {
                     Ok(waker) => {
                         if let Some(waker) = waker {
                             effects.wake(waker);
@@ -388,7 +397,7 @@ impl<K: LockKey> Owner<K> {
                     }
                     // The waiter gave up while its grant was being made; a cancel for it may
                     // be on its way, and will find nothing. Pass the key on now.
-                    Err(_abandoned) => {
+                    Err(_gone) => {
                         self.metrics.cancellation();
                         self.release(waiter_id);
                     }
@@ -414,14 +423,14 @@ impl<K: LockKey> Owner<K> {
         fencing_token: u64,
     ) -> Option<KeyGuard<K>> {
         let key = self.table.table().key_of(waiter_id).cloned();
-        match (key, self.weak_requests.upgrade()) {
-            (Some(key), Some(requests)) => {
+        match (key, self.shard_ref.upgrade()) {
+            (Some(key), Some(shard)) => {
                 // A kameo message has no acquisition span: only the handle's calls do.
                 Some(KeyGuard::new(
                     key,
                     waiter_id,
                     fencing_token,
-                    requests,
+                    shard,
                     Acquisition::default(),
                 ))
             }
@@ -461,36 +470,51 @@ impl<K: LockKey> Owner<K> {
         }
     }
 
-    /// Answers every waiter and every request still `queued` with `Closed`, empties the table
-    /// and leaves the journal for the handles to read. The owner is gone for good after this.
-    pub(crate) fn close(mut self, queued: Vec<Request<K>>) {
-        // Requests still queued are dropped unhandled: dropping a grant channel or a reply
-        // tells its caller `Closed`, and releases and cancels no longer matter once the table
-        // is emptied below.
-        drop(queued);
+    /// Answers every waiter, every request still `queued` and every grant not yet picked up
+    /// with `Closed`, and empties the table. The journal stays readable; nothing else is done
+    /// with the owner after this.
+    pub(crate) fn close(&mut self, queued: Vec<Request<K>>, effects: &mut Effects<K>) {
+        // Requests still queued are dropped unhandled: their pending grants are closed below,
+        // a dropped reply channel tells its caller `Closed`, and releases and cancels no
+        // longer matter once the table is emptied.
+        for request in queued {
+            if let Request::Acquire {
+                delivery: Delivery::Message(reply),
+                ..
+            }
+            | Request::AcquireAll {
+                delivery: Delivery::Message(reply),
+                ..
+            } = request
+            {
+                effects.reply(*reply, None);
+            }
+        }
         self.stamp_time();
         let waiters = self.table.shutdown();
         debug!(target: OWNER_TARGET, waiters = waiters.len(), "registry closing");
         // Grants cut short by a panic in the middle of a delivery are closed too.
         let cut_short = self.granted.drain(..).map(|grant| grant.delivery);
         for delivery in waiters.into_iter().map(|(_, d)| d).chain(cut_short) {
-            match delivery {
-                // Dropping an unresolved grant channel closes it.
-                Delivery::Caller | Delivery::Channel(_) => drop(delivery),
-                Delivery::Message(reply) => reply(None),
+            if let Delivery::Message(reply) = delivery {
+                effects.reply(*reply, None);
             }
         }
-        if self.table.is_journaling() {
-            let _ = self.final_journal.set(self.table.journal());
-        }
+        self.pending.close_all(|waker| effects.wake(waker));
         self.metrics.close();
     }
 
+    /// The journal as it is (after a close: as it was when the shard closed); `None` if the
+    /// registry keeps none.
+    pub(crate) fn journal_kept(&self) -> Option<Journal<K>> {
+        self.table.is_journaling().then(|| self.table.journal())
+    }
+
     /// Warns about the stalls that came due, and says how long the stall timer may sleep.
-    fn check_stalls(&mut self) -> std::time::Duration {
+    pub(crate) fn check_stalls(&mut self) -> std::time::Duration {
         let now = self.started.elapsed();
         match &mut self.stalls {
-            Some(stalls) => stalls.check(now, self.table.table()),
+            Some(stalls) => stalls.check(now, self.table.table(), &self.pending),
             // No timer runs without a watch; this answer only stops one that somehow asks.
             None => std::time::Duration::MAX,
         }
@@ -519,61 +543,5 @@ fn answer<K: LockKey, T>(
             let _ = reply.send(value);
             Outcome::Done
         }
-    }
-}
-
-/// What became of a request made by [`call`].
-#[derive(Debug)]
-pub(crate) enum Call<K: LockKey, W> {
-    /// The caller ran the step; this is what it gave.
-    Ran(Outcome<K>),
-    /// The request waits in the queue; its answer comes through this receiving end.
-    Queued(W),
-    /// The shard takes no more requests.
-    Closed,
-}
-
-/// Runs the request `make` builds, which needs no answer (a release, a cancel), on the caller
-/// if the owner is idle, else queues it. It comes to nothing only if the shard has closed, and
-/// then nothing is left to release or cancel. The request is built only once the token is
-/// taken or the queue locked, straight where it goes.
-#[inline]
-pub(crate) fn send<K: LockKey>(
-    requests: &crate::request::RequestSender<K>,
-    make: impl FnOnce() -> Request<K>,
-) {
-    if let Call::Ran(outcome) = call(requests, || ((), ()), |_| make()) {
-        outcome.discard();
-    }
-}
-
-/// Runs the request `make` builds on the caller if the owner is idle, or queues it for
-/// whoever holds the run token. Only a queued request pays for a channel: `channel` makes one
-/// then, `make` gets its sending end (`None` when the step runs here), and the call gives
-/// back its receiving end. A request that needs no answer (a release, a cancel) passes a
-/// channel of units.
-///
-/// The token is let go before the step's effects are carried out: wake-ups and kameo replies
-/// never run under it.
-#[inline]
-pub(crate) fn call<K: LockKey, S, W>(
-    requests: &crate::request::RequestSender<K>,
-    channel: impl FnOnce() -> (S, W),
-    make: impl FnOnce(Option<S>) -> Request<K>,
-) -> Call<K, W> {
-    match requests.enter() {
-        Entry::Run(mut token) => {
-            let mut effects = Effects::new();
-            let outcome = token.owner().step(make(None), &mut effects);
-            token.release(&mut effects, CALLER_SERVE_BOUND);
-            effects.carry_out();
-            Call::Ran(outcome)
-        }
-        Entry::Busy(queue) => {
-            let (sender, receiver) = channel();
-            queue.push(make(Some(sender)));
-            Call::Queued(receiver)
-        }
-        Entry::Closed => Call::Closed,
     }
 }

@@ -1,129 +1,516 @@
-//! Shards: which registry actor owns a key, and how each shard's fencing tokens stay unique
-//! across the registry.
+//! [`Shard`]: one lock table, its owner state, and the lock that makes its steps one total
+//! order.
 //!
-//! A registry built with [`RegistryBuilder::shards`](crate::RegistryBuilder::shards) runs `n`
-//! actors, each the single owner of a lock table. Every key belongs to exactly one of them,
-//! chosen by a hash that is fixed for the registry's life: the handle routes each call there,
-//! and a guard releases to the actor that granted it. Mutual exclusion and FIFO hold per key
-//! because one key's requests all meet in one actor.
+//! # The protocol
 //!
-//! Each table counts its grants 1, 2, 3, ... and knows nothing of shards, so that every
-//! shard's journal replays on its own. The registry exposes shard `i`'s `t`-th grant as the
-//! fencing token `(t - 1) * n + i + 1`: strictly increasing per shard (so per key), never the
-//! same in two shards, and exactly the table's token when there is one shard.
+//! Everything a shard knows lies in [`ShardState`] behind one mutex: the owner (table, pending
+//! grants, journal), whether the shard is closed, and in actor mode the queue of requests for
+//! the actor task and that task's waker. Every change to any of it is made while holding the
+//! mutex, so "is the shard closed?", "run my step" and "queue my request" are one decision,
+//! and the order in which callers take the mutex *is* the shard's total order of steps: the
+//! order of arrival by which FIFO is defined.
+//!
+//! - **Default mode** ([`Execution::RunOnCaller`]): a call takes the mutex, runs its own step
+//!   and lets go; an uncontended step costs the mutex's two atomic read-modify-writes. A
+//!   caller that finds the mutex taken waits the length of one step (they never await and run
+//!   no user code beyond the key's `Hash`, `Eq`, `Clone` and `Debug`), the case for which
+//!   tokio's docs recommend a blocking mutex over an async one.
+//! - **Actor mode** ([`Execution::ActorTask`]): a call takes the mutex to queue its request
+//!   and wake the actor, which takes it to serve the queue, oldest first.
+//! - **Pending grants** ([`crate::pending`]): a queued waiter's grant is written to its slot
+//!   under the mutex and its waker woken after the mutex is let go; the waiting future takes
+//!   the mutex to read it, or to withdraw when dropped.
+//! - **Close**: sets `closed` under the mutex, answers every waiter, and empties the table.
+//!   Every later call takes the same mutex and finds `closed`, so nothing is granted after a
+//!   close has returned: this is what makes [`shutdown`](crate::LockRegistry::shutdown) final.
+//!
+//! Wake-ups and kameo replies are collected in [`Effects`] during a step and carried out after
+//! the mutex is let go: a woken task never finds the shard still locked by its waker.
+//!
+//! # Panics in a step
+//!
+//! A step runs user code (the key's `Hash`, `Eq`, `Clone`, `Debug`). If it panics, the table
+//! may be half way through a change: the shard closes on the spot (every waiter gets
+//! `Closed`, the actor is woken to stop) and the panic goes on to the caller.
 
-use std::hash::{BuildHasher, Hash};
-use std::num::NonZeroUsize;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::PoisonError;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
-/// Routes keys to shards. Cloned into every handle and every actor, so that both agree.
-#[derive(Debug, Clone)]
-pub(crate) struct ShardRouter {
-    count: NonZeroUsize,
-    /// Seeded at random once per registry: keys chosen by an outsider cannot all be steered
-    /// into one shard, and one registry always routes a key the same way. foldhash's quality
-    /// variant, not the fast one the table uses: for some seeds the fast hash of the integers
-    /// 0..100 leaves shards empty (see `small_integers_reach_every_shard_whatever_the_seed`);
-    /// the table's buckets are indexed by many more bits.
-    hasher: foldhash::quality::SeedableRandomState,
+use tokio::sync::oneshot;
+
+use crate::LockKey;
+use crate::execution::Execution;
+use crate::journal::Journal;
+use crate::owner::{Effects, Owner};
+use crate::pending::{Granted, NotGranted, PendingKey, Undo};
+use crate::request::{Delivery, Outcome, Request};
+use crate::sync::{Mutex, MutexGuard};
+use crate::table::WaiterId;
+
+/// Requests the actor task serves per hold of the shard's lock, between two looks at its
+/// mailbox and its tokio budget: callers that queue meanwhile wait at most this many steps
+/// for the lock.
+pub(crate) const ACTOR_SERVE_BOUND: usize = 64;
+
+/// One shard of a registry: its owner state behind the lock every step takes.
+pub(crate) struct Shard<K: LockKey> {
+    state: Mutex<ShardState<K>>,
+    execution: Execution,
 }
 
-impl ShardRouter {
-    pub(crate) fn new(count: NonZeroUsize) -> Self {
-        ShardRouter {
-            count,
-            hasher: foldhash::quality::SeedableRandomState::random(),
+/// What the shard's lock guards.
+pub(crate) struct ShardState<K: LockKey> {
+    owner: Owner<K>,
+    /// No request is taken any more; set once, by [`Shard::close`] or a step that panicked.
+    closed: bool,
+    /// Actor mode: requests waiting for the actor task, oldest first.
+    queue: Vec<Request<K>>,
+    /// The actor task's waker while it sleeps; taken by whoever wakes it.
+    actor: Option<Waker>,
+}
+
+/// What the first poll of an acquire found.
+pub(crate) enum Started {
+    /// The key is the caller's.
+    Granted(Granted),
+    /// The request waits on this pending grant.
+    Waiting(PendingKey),
+    /// Refused at once: the key is taken (try-acquire) or the shard is closed.
+    Refused(NotGranted),
+}
+
+/// What the actor task should do next.
+pub(crate) enum Work {
+    /// It served a share of the queue.
+    Served,
+    /// The shard is closed, or every handle and guard is gone: stop.
+    Stop,
+}
+
+impl<K: LockKey> Shard<K> {
+    pub(crate) fn new(owner: Owner<K>, execution: Execution) -> Self {
+        Shard {
+            state: Mutex::new(ShardState {
+                owner,
+                closed: false,
+                queue: Vec::new(),
+                actor: None,
+            }),
+            execution,
         }
     }
 
-    /// The index of the shard that owns `key`. With one shard the key is not hashed here, so
-    /// a key type whose `Hash` panics fails inside the actor, as it always did.
-    pub(crate) fn shard_of<K: Hash>(&self, key: &K) -> usize {
-        match self.count.get() {
-            1 => 0,
-            // The remainder of a `u64` by a `usize` fits in a `usize`.
-            count => (self.hasher.hash_one(key) % count as u64) as usize,
+    #[inline]
+    fn lock(&self) -> MutexGuard<'_, ShardState<K>> {
+        // Poisoned only by a step that panicked, and that step closed the shard before its
+        // lock was let go: the state is closed, and reading `closed` is all anyone does next.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts an acquire (the first poll of its future): in the default mode runs its step
+    /// here, in actor mode queues it for the actor. `request` comes with
+    /// [`Delivery::Caller`]; `waker` is the task to wake when a queued request is answered.
+    #[inline]
+    pub(crate) fn start(&self, mut request: Request<K>, waker: &Waker) -> Started {
+        // Declared before the lock, so dropped after it even when a step panics: wake-ups and
+        // replies never run under the lock.
+        let mut effects = Effects::new();
+        let mut state = self.lock();
+        if state.closed {
+            return Started::Refused(NotGranted::Closed);
+        }
+        let started = match self.execution {
+            Execution::RunOnCaller => match state.step(request, &mut effects) {
+                Outcome::Granted(granted) => Started::Granted(granted),
+                Outcome::Queued(waiter_id) => {
+                    Started::Waiting(state.owner.wait_here(waiter_id, waker))
+                }
+                Outcome::WouldBlock => Started::Refused(NotGranted::WouldBlock),
+                // A step answers an acquire in one of the ways above; refusing beats hanging.
+                other => {
+                    other.discard();
+                    Started::Refused(NotGranted::Closed)
+                }
+            },
+            Execution::ActorTask => {
+                let pending = state.owner.pending().sent(waker);
+                request.deliver_to(Delivery::Pending(pending));
+                state.queue_for_actor(request, &mut effects);
+                Started::Waiting(pending)
+            }
+        };
+        drop(state);
+        effects.carry_out();
+        started
+    }
+
+    /// Polls the pending grant of a started acquire.
+    #[inline]
+    pub(crate) fn poll_grant(
+        &self,
+        pending: PendingKey,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Granted, NotGranted>> {
+        self.lock().owner.pending().poll(pending, cx.waker())
+    }
+
+    /// Withdraws a started acquire whose future was dropped: cancels it if it waits in the
+    /// table, releases its grant if one was made and not picked up.
+    pub(crate) fn abandon(&self, pending: PendingKey) {
+        let mut effects = Effects::new();
+        let mut state = self.lock();
+        let request = match state.owner.pending().abandon(pending) {
+            Undo::Nothing => return,
+            Undo::Cancel(waiter_id) => Request::Cancel { waiter_id },
+            Undo::Release(waiter_id) => Request::Release { waiter_id },
+        };
+        self.submit(&mut state, request, &mut effects);
+        drop(state);
+        effects.carry_out();
+    }
+
+    /// Releases a grant: a guard's drop. Never waits for anything but the lock.
+    #[inline]
+    pub(crate) fn release(&self, waiter_id: WaiterId) {
+        let mut effects = Effects::new();
+        let mut state = self.lock();
+        self.submit(&mut state, Request::Release { waiter_id }, &mut effects);
+        drop(state);
+        effects.carry_out();
+    }
+
+    /// Runs a request that needs no answer here (default mode), or queues it for the actor;
+    /// a closed shard takes nothing, and then nothing is left to release or cancel.
+    #[inline]
+    fn submit(&self, state: &mut ShardState<K>, request: Request<K>, effects: &mut Effects<K>) {
+        if state.closed {
+            return;
+        }
+        match self.execution {
+            Execution::RunOnCaller => state.step(request, effects).discard(),
+            Execution::ActorTask => state.queue_for_actor(request, effects),
         }
     }
 
-    /// The registry-wide fencing token of the `table_token`-th grant of shard `shard`.
-    /// Saturates instead of wrapping: at one grant per nanosecond a single shard would take
-    /// 584 years / `count` to get there.
-    pub(crate) fn registry_token(&self, shard: usize, table_token: u64) -> u64 {
-        let count = self.count.get() as u64;
-        table_token
-            .saturating_sub(1)
-            .saturating_mul(count)
-            .saturating_add(shard as u64 + 1)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn router(count: usize) -> ShardRouter {
-        ShardRouter::new(NonZeroUsize::new(count).unwrap())
+    /// A note for the journal.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn note(&self, event: crate::journal::JournalEvent<K>) {
+        let mut effects = Effects::new();
+        let mut state = self.lock();
+        self.submit(&mut state, Request::Note { event }, &mut effects);
+        drop(state);
+        effects.carry_out();
     }
 
-    /// Seeds are random per process in production; here 300 fixed ones stand in for 300
-    /// processes. With `foldhash::fast::SeedableRandomState` in the router instead, this
-    /// fails: 8 of these 300 seeds leave at least one of the 4 shards without a key.
-    #[test]
-    fn small_integers_reach_every_shard_whatever_the_seed() {
-        for seed in 0..300u64 {
-            let shared: &'static foldhash::SharedSeed =
-                Box::leak(Box::new(foldhash::SharedSeed::from_u64(seed)));
-            let router = ShardRouter {
-                count: NonZeroUsize::new(4).unwrap(),
-                hasher: foldhash::quality::SeedableRandomState::with_seed(seed, shared),
+    /// Asks the owner a question: answered here in the default mode, by the actor (after the
+    /// requests queued before it) in actor mode. `None` once the shard is closed.
+    pub(crate) async fn ask<T>(
+        &self,
+        make: impl FnOnce(Option<oneshot::Sender<T>>) -> Request<K>,
+        take: impl FnOnce(Outcome<K>) -> Option<T>,
+    ) -> Option<T> {
+        let answer = {
+            let mut effects = Effects::new();
+            let mut state = self.lock();
+            if state.closed {
+                return None;
+            }
+            let answer = match self.execution {
+                Execution::RunOnCaller => Ok(state.step(make(None), &mut effects)),
+                Execution::ActorTask => {
+                    let (reply, answer) = oneshot::channel();
+                    state.queue_for_actor(make(Some(reply)), &mut effects);
+                    Err(answer)
+                }
             };
-            let reached: std::collections::HashSet<usize> =
-                (0u64..100).map(|key| router.shard_of(&key)).collect();
-            assert_eq!(reached.len(), 4, "seed {seed} left a shard empty");
+            drop(state);
+            effects.carry_out();
+            answer
+        };
+        match answer {
+            Ok(outcome) => take(outcome),
+            // The owner drops the reply unanswered only when it closes.
+            Err(answer) => answer.await.ok(),
         }
     }
 
-    #[test]
-    fn one_shard_keeps_the_table_tokens() {
-        let router = router(1);
-        for token in 1..100 {
-            assert_eq!(router.registry_token(0, token), token);
+    /// Has the owner warn about the stalls that came due; says how long the stall timer may
+    /// sleep, or `None` once the shard is closed. Housekeeping: run on the timer's task in
+    /// both modes, since it changes nothing in the table.
+    pub(crate) fn check_stalls(&self) -> Option<Duration> {
+        let mut state = self.lock();
+        if state.closed {
+            return None;
+        }
+        Some(state.owner.check_stalls())
+    }
+
+    /// The journal as it was when the shard closed, if it keeps one.
+    pub(crate) fn final_journal(&self) -> Option<Journal<K>> {
+        let state = self.lock();
+        if !state.closed {
+            return None;
+        }
+        state.owner.journal_kept()
+    }
+
+    /// Closes the shard for good: serves what the actor had not served yet (requests sent
+    /// before the close are handled first), then answers every waiter with `Closed` and
+    /// empties the table. Every call that takes the lock after this finds the shard closed.
+    /// Closing a closed shard does nothing.
+    pub(crate) fn close(&self) {
+        let mut effects = Effects::new();
+        let mut state = self.lock();
+        if state.closed {
+            return;
+        }
+        state.serve_queue(usize::MAX, &mut effects);
+        state.close(&mut effects);
+        drop(state);
+        effects.carry_out();
+    }
+
+    /// Whether the shard has closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// For the actor task: serves up to [`ACTOR_SERVE_BOUND`] queued requests, oldest first,
+    /// or, with nothing queued, registers to be woken when something is. Takes one unit of the
+    /// task's tokio budget, as tokio's channels do, so an actor that is never short of work
+    /// still yields now and then.
+    pub(crate) fn poll_work(&self, cx: &mut Context<'_>) -> Poll<Work> {
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+        let mut effects = Effects::new();
+        let mut state = self.lock();
+        if state.closed {
+            coop.made_progress();
+            return Poll::Ready(Work::Stop);
+        }
+        if state.queue.is_empty() {
+            match &mut state.actor {
+                Some(waker) if waker.will_wake(cx.waker()) => {}
+                slot => *slot = Some(cx.waker().clone()),
+            }
+            return Poll::Pending;
+        }
+        state.serve_queue(ACTOR_SERVE_BOUND, &mut effects);
+        drop(state);
+        effects.carry_out();
+        coop.made_progress();
+        Poll::Ready(Work::Served)
+    }
+
+    /// For the actor's message handlers: serves everything queued (so that what was sent
+    /// before the message is handled first), then runs `f` on the shard's state. `None` if
+    /// the shard is closed.
+    pub(crate) fn with_state<T>(
+        &self,
+        f: impl FnOnce(&mut ShardState<K>, &mut Effects<K>) -> T,
+    ) -> Option<T> {
+        let mut effects = Effects::new();
+        let mut state = self.lock();
+        if state.closed {
+            return None;
+        }
+        state.serve_queue(usize::MAX, &mut effects);
+        let result = f(&mut state, &mut effects);
+        drop(state);
+        effects.carry_out();
+        Some(result)
+    }
+}
+
+impl<K: LockKey> ShardState<K> {
+    /// Runs one step. If it panics, the shard closes before the panic leaves this frame (and
+    /// before the lock is let go): no step ever runs on a half-changed table.
+    #[inline]
+    pub(crate) fn step(&mut self, request: Request<K>, effects: &mut Effects<K>) -> Outcome<K> {
+        let mut on_panic = CloseOnPanic {
+            state: self,
+            finished: false,
+        };
+        let outcome = on_panic.state.owner.step(request, effects);
+        on_panic.finished = true;
+        outcome
+    }
+
+    /// The owner, for the actor's message handlers.
+    pub(crate) fn owner(&mut self) -> &mut Owner<K> {
+        &mut self.owner
+    }
+
+    /// Queues `request` for the actor task and hands its waker to `effects`.
+    #[inline]
+    fn queue_for_actor(&mut self, request: Request<K>, effects: &mut Effects<K>) {
+        self.queue.push(request);
+        if let Some(actor) = self.actor.take() {
+            effects.wake(actor);
         }
     }
 
-    #[test]
-    fn tokens_increase_per_shard_and_never_repeat_across_shards() {
-        let router = router(3);
-        let mut seen = std::collections::HashSet::new();
-        for shard in 0..3 {
-            let tokens: Vec<u64> = (1..50).map(|t| router.registry_token(shard, t)).collect();
-            assert!(
-                tokens.windows(2).all(|pair| pair[0] < pair[1]),
-                "{tokens:?}"
-            );
-            for token in tokens {
-                assert!(token > 0);
-                assert!(seen.insert(token), "token {token} issued twice");
+    /// Serves at most `bound` queued requests, oldest first.
+    fn serve_queue(&mut self, bound: usize, effects: &mut Effects<K>) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let mut queue = std::mem::take(&mut self.queue);
+        let rest = queue.split_off(bound.min(queue.len()));
+        for request in queue.drain(..) {
+            // A step that panics closes the shard, and the panic leaves here: the requests
+            // not served yet are dropped, their pending grants answered by the close.
+            self.step(request, effects).discard();
+        }
+        // Put back what is left (before anything queued meanwhile: nothing can be, the lock
+        // is held) and keep the emptied vector's allocation for the next batch.
+        debug_assert!(self.queue.is_empty());
+        self.queue = rest;
+        if self.queue.is_empty() {
+            self.queue = queue;
+        }
+    }
+
+    /// Closes the shard: refuses every later request, answers every waiter, wakes the actor
+    /// so that it stops.
+    fn close(&mut self, effects: &mut Effects<K>) {
+        self.closed = true;
+        let queued = std::mem::take(&mut self.queue);
+        self.owner.close(queued, effects);
+        if let Some(actor) = self.actor.take() {
+            effects.wake(actor);
+        }
+    }
+}
+
+/// Closes the shard if a step panics (dropped without `finished`).
+struct CloseOnPanic<'a, K: LockKey> {
+    state: &'a mut ShardState<K>,
+    finished: bool,
+}
+
+impl<K: LockKey> Drop for CloseOnPanic<'_, K> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Woken here, under the lock: this is the panic's way out, and the caller's own
+            // effects are dropped (so carried out) on the same way.
+            let mut effects = Effects::new();
+            self.state.close(&mut effects);
+        }
+    }
+}
+
+impl<K: LockKey> Drop for Shard<K> {
+    fn drop(&mut self) {
+        // The last handle and guard are gone: the actor, which holds only a weak reference,
+        // must learn that it is time to stop.
+        let actor = self.lock().actor.take();
+        if let Some(actor) = actor {
+            actor.wake();
+        }
+    }
+}
+
+impl<K: LockKey> fmt::Debug for Shard<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shard")
+            .field("execution", &self.execution)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An acquire on its way through a shard: started on its first poll, then waiting on its
+/// pending grant. Dropping it withdraws the request, whatever stage it is at.
+#[must_use = "futures do nothing unless polled"]
+pub(crate) struct GrantFuture<'a, K: LockKey> {
+    shard: &'a Shard<K>,
+    stage: Stage<K>,
+}
+
+enum Stage<K: LockKey> {
+    /// Not polled yet.
+    Start(Request<K>),
+    /// Queued; the grant will come to this pending slot.
+    Waiting(PendingKey),
+    /// Granted, and kept until the task's budget allows to return it.
+    Granted(Granted),
+    Done,
+}
+
+impl<'a, K: LockKey> GrantFuture<'a, K> {
+    /// An acquire of `shard` for `request`, whose delivery is [`Delivery::Caller`].
+    pub(crate) fn new(shard: &'a Shard<K>, request: Request<K>) -> Self {
+        GrantFuture {
+            shard,
+            stage: Stage::Start(request),
+        }
+    }
+}
+
+// Nothing in the future is pinned: the request is moved out on the first poll, and the rest
+// is a key and a reference.
+impl<K: LockKey> Unpin for GrantFuture<'_, K> {}
+
+impl<K: LockKey> Future for GrantFuture<'_, K> {
+    type Output = Result<Granted, NotGranted>;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let granted = match std::mem::replace(&mut this.stage, Stage::Done) {
+            Stage::Start(request) => match this.shard.start(request, cx.waker()) {
+                Started::Granted(granted) => granted,
+                Started::Refused(not_granted) => return Poll::Ready(Err(not_granted)),
+                Started::Waiting(pending) => {
+                    this.stage = Stage::Waiting(pending);
+                    return Poll::Pending;
+                }
+            },
+            Stage::Waiting(pending) => match this.shard.poll_grant(pending, cx) {
+                Poll::Ready(Ok(granted)) => granted,
+                Poll::Ready(Err(not_granted)) => return Poll::Ready(Err(not_granted)),
+                Poll::Pending => {
+                    this.stage = Stage::Waiting(pending);
+                    return Poll::Pending;
+                }
+            },
+            Stage::Granted(granted) => granted,
+            // Polled after completion: behave like a closed shard rather than panic.
+            Stage::Done => return Poll::Ready(Err(NotGranted::Closed)),
+        };
+        // A grant costs one unit of the task's tokio budget, as a tokio `Mutex` lock does: a
+        // loop that locks free keys is always ready, and would otherwise never let its worker
+        // run another task. Charged after the step, so that the first poll always reaches the
+        // shard (arrival order stays the order of first polls); with the budget spent, the
+        // grant is kept here until the task comes back (and released if it never does).
+        match tokio::task::coop::poll_proceed(cx) {
+            Poll::Ready(coop) => {
+                coop.made_progress();
+                Poll::Ready(Ok(granted))
+            }
+            Poll::Pending => {
+                this.stage = Stage::Granted(granted);
+                Poll::Pending
             }
         }
     }
+}
 
-    #[test]
-    fn a_key_always_goes_to_the_same_shard_and_keys_spread() {
-        let router = router(4);
-        let mut per_shard = [0usize; 4];
-        for key in 0u64..4_000 {
-            let shard = router.shard_of(&key);
-            assert_eq!(shard, router.clone().shard_of(&key));
-            per_shard[shard] += 1;
+impl<K: LockKey> Drop for GrantFuture<'_, K> {
+    fn drop(&mut self) {
+        match self.stage {
+            Stage::Waiting(pending) => self.shard.abandon(pending),
+            Stage::Granted(granted) => self.shard.release(granted.waiter_id),
+            Stage::Start(_) | Stage::Done => {}
         }
-        // A fair hash puts about 1,000 in each; 700 is far outside chance.
-        assert!(per_shard.iter().all(|&n| n > 700), "{per_shard:?}");
     }
+}
 
-    #[test]
-    fn one_shard_owns_every_key() {
-        let router = router(1);
-        assert!((0u64..100).all(|key| router.shard_of(&key) == 0));
+impl<K: LockKey> fmt::Debug for GrantFuture<'_, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrantFuture").finish_non_exhaustive()
     }
 }

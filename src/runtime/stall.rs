@@ -8,18 +8,18 @@
 //! ([`watch_for_stalls`]) asks the owner to look at whatever came due. Each hold and each
 //! grant is warned about at most once.
 
+use std::sync::Weak;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::warn;
 
 use crate::LockKey;
-use crate::grant::PickupCheck;
 use crate::observe::STALL_TARGET;
 use crate::overdue::Overdue;
-use crate::owner::{self, Call};
-use crate::request::{Delivery, Outcome, Request, WeakRequestSender};
+use crate::pending::{PendingGrants, PendingKey};
+use crate::request::Delivery;
+use crate::shard::Shard;
 use crate::table::{LockTable, WaiterId};
 
 /// The thresholds a registry warns at; neither is set by default.
@@ -50,7 +50,7 @@ struct Noted {
 #[derive(Debug)]
 pub(crate) struct StallWatch {
     holds: Option<Overdue<Noted>>,
-    pickups: Option<Overdue<(Noted, PickupCheck)>>,
+    pickups: Option<Overdue<(Noted, PendingKey)>>,
     /// The shortest threshold: the longest the timer sleeps.
     shortest: Duration,
 }
@@ -78,10 +78,10 @@ impl StallWatch {
         delivery: &Delivery<K>,
     ) {
         let now = started.elapsed();
-        // Only a grant that goes through a channel has a future to pick it up; the caller
-        // that runs the step takes its own at once.
+        // Only a grant written to a pending slot has a future to pick it up; the caller that
+        // runs the step takes its own at once.
         let pickup = match delivery {
-            Delivery::Channel(sender) if self.pickups.is_some() => sender.pickup_check(),
+            Delivery::Pending(pending) if self.pickups.is_some() => Some(*pending),
             _ => None,
         };
         let noted = || Noted {
@@ -102,6 +102,7 @@ impl StallWatch {
         &mut self,
         now: Duration,
         table: &LockTable<K, D>,
+        pending: &PendingGrants,
     ) -> Duration {
         let mut next = self.shortest;
         if let Some(holds) = &mut self.holds {
@@ -122,7 +123,7 @@ impl StallWatch {
         }
         if let Some(pickups) = &mut self.pickups {
             while let Some(((noted, pickup), waited)) = pickups.take_due(now) {
-                if pickup.is_waiting()
+                if pending.is_unpicked(pickup)
                     && let Some(key) = table.key_of(noted.waiter_id)
                 {
                     warn!(
@@ -142,33 +143,16 @@ impl StallWatch {
 }
 
 /// The timer of one shard: sleeps until something may be due, then has the owner check.
-/// Holds only a weak sender, so it never keeps the registry running; it ends when the
+/// Holds only a weak reference, so it never keeps the registry running; it ends when the
 /// registry does.
-pub(crate) async fn watch_for_stalls<K: LockKey>(requests: WeakRequestSender<K>, first: Duration) {
+pub(crate) async fn watch_for_stalls<K: LockKey>(shard: Weak<Shard<K>>, first: Duration) {
     let mut sleep = first;
     loop {
         tokio::time::sleep(sleep).await;
-        let Some(requests) = requests.upgrade() else {
+        let Some(next) = shard.upgrade().and_then(|shard| shard.check_stalls()) else {
             return;
         };
-        sleep = match owner::call(&requests, oneshot::channel, |reply| Request::CheckStalls {
-            reply,
-        }) {
-            Call::Ran(Outcome::NextCheck(next)) => next,
-            Call::Ran(other) => {
-                other.discard();
-                return;
-            }
-            Call::Queued(reply) => {
-                // Not kept while waiting: the registry may stop meanwhile.
-                drop(requests);
-                match reply.await {
-                    Ok(next) => next,
-                    Err(_closed) => return,
-                }
-            }
-            Call::Closed => return,
-        };
+        sleep = next;
     }
 }
 
@@ -177,10 +161,10 @@ mod tests {
     use super::*;
 
     /// The sizes `RegistryBuilder`'s docs state: a note per grant for holds, and one with the
-    /// channel check for pickups (plus the channel's slot, which `grant.rs` sizes).
+    /// pending grant's key for pickups.
     #[test]
     fn a_note_is_32_bytes_and_a_pickup_note_40() {
         assert_eq!(std::mem::size_of::<(Duration, Noted)>(), 32);
-        assert_eq!(std::mem::size_of::<(Duration, (Noted, PickupCheck))>(), 40);
+        assert_eq!(std::mem::size_of::<(Duration, (Noted, PendingKey))>(), 40);
     }
 }

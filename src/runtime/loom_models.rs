@@ -1,0 +1,253 @@
+//! loom models of the shard protocol: every interleaving of two or three threads that take,
+//! queue, give up, release and close, with the shard's mutex swapped for loom's
+//! (`runtime/sync.rs`). Run with `RUSTFLAGS="--cfg loom" cargo test --release --lib loom`.
+//!
+//! Each model drives the shard the way its callers do (`start` is a future's first poll,
+//! `poll_grant` a later one, `abandon` its drop, `release` a guard's drop, `poll_work` the actor
+//! task, `close` a shutdown) and checks, once every thread is done, that nothing was lost: no
+//! request dropped or reordered, no grant after a close, no entry left behind, no waiter
+//! forgotten without a wake-up.
+
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use loom::thread;
+
+use crate::execution::Execution;
+use crate::owner::{Owner, OwnerConfig};
+use crate::pending::{Granted, NotGranted, PendingKey};
+use crate::request::{Delivery, Outcome, Request};
+use crate::router::ShardRouter;
+use crate::shard::{Shard, Started, Work};
+use crate::stall::StallThresholds;
+
+/// A waker that counts its wake-ups in a loom atomic, so that a wake-up's visibility is part
+/// of the model.
+struct Flag(AtomicUsize);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn flag() -> (Arc<Flag>, Waker) {
+    let flag = Arc::new(Flag(AtomicUsize::new(0)));
+    (Arc::clone(&flag), Waker::from(flag))
+}
+
+fn shard(execution: Execution) -> Arc<Shard<u32>> {
+    let config = OwnerConfig {
+        journal_capacity: None,
+        capacity: std::num::NonZeroU32::MIN,
+        shard: 0,
+        router: ShardRouter::new(std::num::NonZeroUsize::MIN),
+        stall_thresholds: StallThresholds::default(),
+    };
+    Arc::new_cyclic(|shard_ref| Shard::new(Owner::new(config, shard_ref.clone()), execution))
+}
+
+fn acquire(key: u32) -> Request<u32> {
+    Request::Acquire {
+        key,
+        permits: None,
+        delivery: Delivery::Caller,
+    }
+}
+
+fn try_acquire(key: u32) -> Request<u32> {
+    Request::TryAcquire {
+        key,
+        permits: None,
+        delivery: Delivery::Caller,
+    }
+}
+
+/// Serves the actor-mode queue until it is empty, as the actor task does when woken.
+fn serve_as_actor(shard: &Shard<u32>) {
+    let (_, waker) = flag();
+    let mut cx = Context::from_waker(&waker);
+    while let Poll::Ready(Work::Served) = shard.poll_work(&mut cx) {}
+}
+
+/// Polls a pending grant once.
+fn poll(shard: &Shard<u32>, pending: PendingKey) -> Poll<Result<Granted, NotGranted>> {
+    let (_, waker) = flag();
+    shard.poll_grant(pending, &mut Context::from_waker(&waker))
+}
+
+/// The key's entry count, read by a step like any caller's.
+fn keys(shard: &Shard<u32>) -> usize {
+    match shard.with_state(|state, effects| state.step(Request::Stats { reply: None }, effects)) {
+        Some(Outcome::Stats(stats)) => stats.keys,
+        _ => 0,
+    }
+}
+
+/// Take-or-queue against give-back: a holder releases while another caller asks for the key.
+/// Whatever the order, the caller ends with the key, and if it had to wait it was woken: no
+/// request is lost between the release and the queue.
+#[test]
+fn loom_take_or_queue_against_give_back() {
+    for execution in [Execution::RunOnCaller, Execution::ActorTask] {
+        loom::model(move || {
+            let shard = shard(execution);
+            let (_, waker) = flag();
+            let held = match shard.start(acquire(1), &waker) {
+                Started::Granted(granted) => granted,
+                Started::Waiting(pending) => {
+                    serve_as_actor(&shard);
+                    match poll(&shard, pending) {
+                        Poll::Ready(Ok(granted)) => granted,
+                        other => panic!("a free key is granted: {other:?}"),
+                    }
+                }
+                Started::Refused(refused) => panic!("open shard refused: {refused:?}"),
+            };
+            let releaser = {
+                let shard = Arc::clone(&shard);
+                thread::spawn(move || shard.release(held.waiter_id))
+            };
+            let (woken, waker) = flag();
+            let started = shard.start(acquire(1), &waker);
+            releaser.join().unwrap();
+            serve_as_actor(&shard);
+            let granted = match started {
+                Started::Granted(granted) => granted,
+                Started::Waiting(pending) => {
+                    let answer = poll(&shard, pending);
+                    if let Poll::Ready(Ok(granted)) = answer {
+                        assert!(woken.0.load(Ordering::SeqCst) > 0, "granted without a wake");
+                        granted
+                    } else {
+                        panic!("the release passed the key on: {answer:?}");
+                    }
+                }
+                Started::Refused(refused) => panic!("open shard refused: {refused:?}"),
+            };
+            assert_eq!(granted.fencing_token, 2);
+            shard.release(granted.waiter_id);
+            serve_as_actor(&shard);
+            assert_eq!(keys(&shard), 0, "no entry left");
+        });
+    }
+}
+
+/// Grant against cancel: the holder releases while the first waiter's future is dropped.
+/// Whichever comes first, the key reaches the second waiter (a grant in flight to a waiter
+/// that gave up passes on), and nothing is left once it lets go.
+#[test]
+fn loom_grant_against_cancel() {
+    for execution in [Execution::RunOnCaller, Execution::ActorTask] {
+        loom::model(move || {
+            let shard = shard(execution);
+            let (_, waker) = flag();
+            let started = shard.start(acquire(1), &waker);
+            serve_as_actor(&shard);
+            let held = match started {
+                Started::Granted(granted) => granted,
+                Started::Waiting(pending) => match poll(&shard, pending) {
+                    Poll::Ready(Ok(granted)) => granted,
+                    other => panic!("a free key is granted: {other:?}"),
+                },
+                Started::Refused(refused) => panic!("open shard refused: {refused:?}"),
+            };
+            let Started::Waiting(gives_up) = shard.start(acquire(1), &waker) else {
+                panic!("the key is held");
+            };
+            let (second_woken, second_waker) = flag();
+            let Started::Waiting(second) = shard.start(acquire(1), &second_waker) else {
+                panic!("the key is held");
+            };
+            serve_as_actor(&shard);
+
+            let releaser = {
+                let shard = Arc::clone(&shard);
+                thread::spawn(move || shard.release(held.waiter_id))
+            };
+            let dropper = {
+                let shard = Arc::clone(&shard);
+                thread::spawn(move || shard.abandon(gives_up))
+            };
+            releaser.join().unwrap();
+            dropper.join().unwrap();
+            serve_as_actor(&shard);
+            assert!(
+                second_woken.0.load(Ordering::SeqCst) > 0,
+                "the second waiter was woken"
+            );
+            let Poll::Ready(Ok(granted)) = poll(&shard, second) else {
+                panic!("the key passed on to the second waiter");
+            };
+            shard.release(granted.waiter_id);
+            serve_as_actor(&shard);
+            assert_eq!(keys(&shard), 0, "no entry left");
+        });
+    }
+}
+
+/// Shutdown against a step in progress: a close runs while another thread asks for a free
+/// key and a third waits for a held one. A call that starts after the close returned is
+/// refused; the waiter gets `Closed` and a wake-up; nothing is granted after the close.
+#[test]
+fn loom_shutdown_against_a_step_in_progress() {
+    for execution in [Execution::RunOnCaller, Execution::ActorTask] {
+        loom::model(move || {
+            let shard = shard(execution);
+            let (_, waker) = flag();
+            let started = shard.start(acquire(1), &waker);
+            serve_as_actor(&shard);
+            if let Started::Waiting(pending) = started {
+                assert!(matches!(poll(&shard, pending), Poll::Ready(Ok(_))));
+            }
+            let (waiter_woken, waiter_waker) = flag();
+            let Started::Waiting(waiter) = shard.start(acquire(1), &waiter_waker) else {
+                panic!("the key is held");
+            };
+            serve_as_actor(&shard);
+            let close_returned = Arc::new(AtomicBool::new(false));
+
+            let closer = {
+                let shard = Arc::clone(&shard);
+                let close_returned = Arc::clone(&close_returned);
+                thread::spawn(move || {
+                    shard.close();
+                    close_returned.store(true, Ordering::SeqCst);
+                })
+            };
+            let caller = {
+                let shard = Arc::clone(&shard);
+                let close_returned = Arc::clone(&close_returned);
+                thread::spawn(move || {
+                    let after_close = close_returned.load(Ordering::SeqCst);
+                    let (_, waker) = flag();
+                    let started = shard.start(try_acquire(2), &waker);
+                    if after_close {
+                        assert!(
+                            matches!(started, Started::Refused(NotGranted::Closed)),
+                            "a call made after the close returned was not refused"
+                        );
+                    }
+                    if let Started::Waiting(pending) = started {
+                        serve_as_actor(&shard);
+                        // Answered by the actor or by the close; never left hanging.
+                        assert!(poll(&shard, pending).is_ready());
+                    }
+                })
+            };
+            closer.join().unwrap();
+            caller.join().unwrap();
+            assert!(
+                waiter_woken.0.load(Ordering::SeqCst) > 0,
+                "the waiter was woken"
+            );
+            assert_eq!(poll(&shard, waiter), Poll::Ready(Err(NotGranted::Closed)));
+            let (_, waker) = flag();
+            assert!(matches!(
+                shard.start(acquire(3), &waker),
+                Started::Refused(NotGranted::Closed)
+            ));
+        });
+    }
+}
