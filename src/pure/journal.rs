@@ -365,7 +365,18 @@ where
     }
 
     /// [`LockTable::acquire`], recorded.
+    #[inline]
     pub fn acquire(&mut self, key: K, delivery: D) -> Acquired<D> {
+        if self.ring.is_none() {
+            return self.table.acquire(key, delivery);
+        }
+        self.acquire_recorded(key, delivery)
+    }
+
+    /// [`Self::acquire`] with the journal on: out of line, so that the path without one
+    /// inlines into its caller.
+    #[inline(never)]
+    fn acquire_recorded(&mut self, key: K, delivery: D) -> Acquired<D> {
         let Some(ring) = &mut self.ring else {
             return self.table.acquire(key, delivery);
         };
@@ -386,7 +397,18 @@ where
     }
 
     /// [`LockTable::acquire_permits`], recorded.
+    #[inline]
     pub fn acquire_permits(&mut self, key: K, permits: Permits, delivery: D) -> Acquired<D> {
+        if self.ring.is_none() {
+            return self.table.acquire_permits(key, permits, delivery);
+        }
+        self.acquire_permits_recorded(key, permits, delivery)
+    }
+
+    /// [`Self::acquire_permits`] with the journal on: out of line, so that the path without one
+    /// inlines into its caller.
+    #[inline(never)]
+    fn acquire_permits_recorded(&mut self, key: K, permits: Permits, delivery: D) -> Acquired<D> {
         let Some(ring) = &mut self.ring else {
             return self.table.acquire_permits(key, permits, delivery);
         };
@@ -494,7 +516,22 @@ where
     /// # Errors
     ///
     /// As [`LockTable::release`].
+    #[inline]
     pub fn release(
+        &mut self,
+        waiter_id: WaiterId,
+        granted: &mut Vec<Grant<D>>,
+    ) -> Result<K, WaiterError> {
+        if self.ring.is_none() {
+            return self.table.release(waiter_id, granted);
+        }
+        self.release_recorded(waiter_id, granted)
+    }
+
+    /// [`Self::release`] with the journal on: out of line, so that the path without one
+    /// inlines into its caller.
+    #[inline(never)]
+    fn release_recorded(
         &mut self,
         waiter_id: WaiterId,
         granted: &mut Vec<Grant<D>>,

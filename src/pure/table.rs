@@ -688,19 +688,26 @@ where
             return Ok(key);
         }
         let (entries, mut counters) = self.split();
-        let Some(entry) = entries.get_mut(&key) else {
-            // Unreachable while invariant 1 holds; refusing beats panicking.
+        // One hash and one probe for the usual release, which leaves nobody waiting: the
+        // record's key finds the entry, and removes it through the same lookup.
+        let hash_map::Entry::Occupied(mut occupied) = entries.entry(key) else {
+            // Unreachable while invariant 1 holds; refusing beats panicking (a vacant entry
+            // inserts nothing).
             debug_assert!(false, "invariant 1: holder without entry");
             return Err(WaiterError::Unknown(waiter_id));
         };
+        let entry = occupied.get_mut();
         counters.permits.give_back(entry, permits);
         *counters.holders -= 1;
-        // Most releases leave nobody waiting: skip the grant loop then.
-        let settled = if entry.waiters == 0 {
-            Settled::by_use(entry)
-        } else {
-            grant_fitting(entry, &mut counters, granted)
-        };
+        if entry.waiters == 0 {
+            if entry.is_unused() {
+                // Invariant 1: its last user is gone.
+                return Ok(occupied.remove_entry().0);
+            }
+            return Ok(occupied.key().clone());
+        }
+        let settled = grant_fitting(entry, &mut counters, granted);
+        let key = occupied.key().clone();
         finish(entries, &mut counters, &key, settled, granted);
         Ok(key)
     }

@@ -261,7 +261,10 @@ impl<K: LockKey> Owner<K> {
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
         match acquired {
-            Acquired::Granted(grant) => self.granted.push(grant),
+            Acquired::Granted(grant) => {
+                let own_grant = self.deliver(grant, effects);
+                return self.deliver_all(own_grant, effects);
+            }
             Acquired::Queued(waiter_id) => match self.table.delivery_mut(waiter_id) {
                 // The caller is here: it gives the record a pending grant before it lets go
                 // of the shard ([`Owner::wait_here`]).
@@ -338,24 +341,27 @@ impl<K: LockKey> Owner<K> {
     ) -> Outcome<K> {
         match (taken, delivery) {
             // Delivered like any grant, so a caller that gave up meanwhile releases it at once.
-            (Ok(granted), delivery) => self.granted.push(Grant {
-                waiter_id: granted.waiter_id,
-                fencing_token: granted.fencing_token,
-                delivery,
-            }),
+            (Ok(granted), delivery) => {
+                let grant = Grant {
+                    waiter_id: granted.waiter_id,
+                    fencing_token: granted.fencing_token,
+                    delivery,
+                };
+                let own_grant = self.deliver(grant, effects);
+                self.deliver_all(own_grant, effects)
+            }
             (Err(_), Delivery::Pending(pending)) => {
                 self.metrics.would_block();
                 if let Some(waker) = self.pending.would_block(pending) {
                     effects.wake(waker);
                 }
-                return Outcome::Done;
+                Outcome::Done
             }
             (Err(_), Delivery::Caller | Delivery::Message(_)) => {
                 self.metrics.would_block();
-                return Outcome::WouldBlock;
+                Outcome::WouldBlock
             }
         }
-        self.deliver_grants(effects)
     }
 
     /// Delivers every pending grant. A grant whose waiter gave up is released on the spot,
@@ -363,55 +369,75 @@ impl<K: LockKey> Owner<K> {
     /// Returns the caller's own grant, if the step made one.
     #[inline]
     fn deliver_grants(&mut self, effects: &mut Effects<K>) -> Outcome<K> {
-        // The caller's own grant, if any; an `Outcome` is made once at the end, because
-        // overwriting one would run its drop for nothing on every lock.
-        let mut own_grant = None;
-        while let Some(Grant {
-            waiter_id,
-            fencing_token,
-            delivery,
-        }) = self.granted.pop()
-        {
-            let fencing_token = self.registry_token(fencing_token);
-            debug!(
-                target: OWNER_TARGET,
-                keys = ?self.table.table().keys_of(waiter_id),
-                fencing_token,
-                "grant"
-            );
-            self.metrics.grant();
-            let granted = Granted {
-                waiter_id,
-                fencing_token,
-            };
-            if let Some(stalls) = &mut self.stalls {
-                stalls.granted(self.started, waiter_id, fencing_token, &delivery);
-            }
-            match delivery {
-                Delivery::Caller => own_grant = Some(granted),
-                Delivery::Pending(pending) => match self.pending.grant(pending, granted) {
-                    Ok(waker) => {
-                        if let Some(waker) = waker {
-                            effects.wake(waker);
-                        }
-                    }
-                    // The waiter gave up while its grant was being made; a cancel for it may
-                    // be on its way, and will find nothing. Pass the key on now.
-                    Err(_gone) => {
-                        self.metrics.cancellation();
-                        self.release(waiter_id);
-                    }
-                },
-                Delivery::Message(reply) => {
-                    let guard = self.guard_for_message(waiter_id, fencing_token);
-                    effects.reply(*reply, guard);
-                }
+        self.deliver_all(None, effects)
+    }
+
+    /// [`deliver_grants`](Self::deliver_grants), with the caller's own grant already made
+    /// (`own_grant`): an acquire that is granted at once skips the pending list.
+    #[inline]
+    fn deliver_all(
+        &mut self,
+        mut own_grant: Option<Granted>,
+        effects: &mut Effects<K>,
+    ) -> Outcome<K> {
+        while let Some(grant) = self.granted.pop() {
+            if let Some(granted) = self.deliver(grant, effects) {
+                own_grant = Some(granted);
             }
         }
         match own_grant {
             Some(granted) => Outcome::Granted(granted),
             None => Outcome::Done,
         }
+    }
+
+    /// Delivers one grant; returns it if it is the caller's own ([`Delivery::Caller`]).
+    #[inline]
+    fn deliver(
+        &mut self,
+        Grant {
+            waiter_id,
+            fencing_token,
+            delivery,
+        }: Grant<Delivery<K>>,
+        effects: &mut Effects<K>,
+    ) -> Option<Granted> {
+        let fencing_token = self.registry_token(fencing_token);
+        debug!(
+            target: OWNER_TARGET,
+            keys = ?self.table.table().keys_of(waiter_id),
+            fencing_token,
+            "grant"
+        );
+        self.metrics.grant();
+        let granted = Granted {
+            waiter_id,
+            fencing_token,
+        };
+        if let Some(stalls) = &mut self.stalls {
+            stalls.granted(self.started, waiter_id, fencing_token, &delivery);
+        }
+        match delivery {
+            Delivery::Caller => return Some(granted),
+            Delivery::Pending(pending) => match self.pending.grant(pending, granted) {
+                Ok(waker) => {
+                    if let Some(waker) = waker {
+                        effects.wake(waker);
+                    }
+                }
+                // The waiter gave up while its grant was being made; a cancel for it may be
+                // on its way, and will find nothing. Pass the key on now.
+                Err(_gone) => {
+                    self.metrics.cancellation();
+                    self.release(waiter_id);
+                }
+            },
+            Delivery::Message(reply) => {
+                let guard = self.guard_for_message(waiter_id, fencing_token);
+                effects.reply(*reply, guard);
+            }
+        }
+        None
     }
 
     /// The guard for a grant made to a kameo message, with its registry-wide fencing token;
