@@ -36,7 +36,6 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::PoisonError;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -106,9 +105,7 @@ impl<K: LockKey> Shard<K> {
 
     #[inline]
     fn lock(&self) -> MutexGuard<'_, ShardState<K>> {
-        // Poisoned only by a step that panicked, and that step closed the shard before its
-        // lock was let go: the state is closed, and reading `closed` is all anyone does next.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock()
     }
 
     /// Starts an acquire (the first poll of its future): in the default mode runs its step
