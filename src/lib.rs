@@ -5,8 +5,8 @@
 //! while a task still uses it, so that two tasks hold "the same" key. `keyed-locks` keeps the
 //! whole map (holder, FIFO waiter queue and reference count per key) with one owner that
 //! changes it one step at a time, in one total order, as a [kameo](https://docs.rs/kameo)
-//! actor would. Ownership is a role: a call that finds the owner idle runs the step itself,
-//! with no task switch; a call that finds it busy queues, and is served in arrival order. An
+//! actor would. Ownership is a role: each call runs its own step under the shard's lock,
+//! with no task switch, and steps take the lock one at a time, in arrival order. An
 //! entry exists exactly while someone holds or waits for its key, whatever happens to the
 //! waiters: timeouts, `select!`, aborted tasks and panics included.
 //!
@@ -48,11 +48,13 @@
 //! # How it is built
 //!
 //! [`table::LockTable`] is the pure state machine: no tokio, no clock, replayable step by
-//! step. Each shard of a registry (one by default, see [`RegistryBuilder::shards`]) owns one
-//! table behind a run token: whoever holds the token runs the one step that turns a request
-//! into table calls, be it a caller that found the shard idle or the shard's
-//! [`RegistryActor`], which serves requests handed to it and kameo's messages
-//! ([`Execution`] says who runs what).
+//! step. Each shard of a registry (one by default, see [`RegistryBuilder::shards`]) keeps one
+//! table behind one mutex, and the one step that turns a request into table calls runs under
+//! it: by default each caller runs its own step, on its own thread; in actor mode the shard's
+//! [`RegistryActor`] runs every step, from a queue. The actor also handles kameo's messages
+//! ([`Execution`] says who runs what). The order in which steps take the mutex is the order
+//! of arrival that FIFO follows, and [`shutdown`](LockRegistry::shutdown) closes every shard
+//! under its mutex before it returns.
 //! [`LockRegistry`] and [`KeyGuard`] are the thin public handles. With a journal on
 //! ([`RegistryBuilder::journal`]), everything the table did can be saved as text
 //! ([`trace`]), replayed exactly ([`replay`]) and drawn (the `timeline` example).
@@ -211,8 +213,8 @@
 // The layers, one folder each:
 // - `pure`: the lock table and what records, writes and replays it. No tokio, no kameo, no
 //   clock; it imports nothing from the other layers.
-// - `runtime`: the owner of each shard's table at run time: the run token and its queue, the
-//   owner's step, the grant channels, the actor, the shard router, the stall timer, metrics.
+// - `runtime`: the owner of each shard's table at run time: the shard and its mutex, the
+//   owner's step, the pending grants, the actor, the shard router, the stall timer, metrics.
 // - the public face, at the top: the handle, the guard, the messages, the errors, and what
 //   each acquisition tells `tracing` (`observe`).
 mod pure;

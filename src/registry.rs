@@ -1146,10 +1146,10 @@ impl<K: LockKey> RegistryBuilder<K> {
     /// alive but no longer polled (for example the losing branch of a `select!` over
     /// `&mut fut` in a loop), so the key is held by nobody who runs and everyone behind it
     /// waits. See the crate docs' FAQ for how to avoid it. The timer is as for
-    /// [`warn_held_longer_than`](Self::warn_held_longer_than); the note is kept for each grant
-    /// to a waiting future (not for one taken at once), 40 bytes plus the future's 64-byte
-    /// grant channel, which stays allocated until the note comes due. A threshold below 1 ms
-    /// counts as 1 ms.
+    /// [`warn_held_longer_than`](Self::warn_held_longer_than); a note is kept for each grant
+    /// made to a waiting future (in the default mode, not for a key granted on the first poll):
+    /// 40 bytes, the key of the future's pending grant included, until the note comes due. A
+    /// threshold below 1 ms counts as 1 ms.
     ///
     /// # Examples
     ///
@@ -1178,9 +1178,9 @@ impl<K: LockKey> RegistryBuilder<K> {
 
     /// Spawns the registry actor (one per shard) on the current tokio runtime.
     ///
-    /// The registry's request queue and the actor's mailbox are unbounded, so that a guard's
-    /// drop never waits and never loses its release. It runs without supervision and is never restarted
-    /// (see [`RegistryActor`]).
+    /// The actor's mailbox (and, in actor mode, the shard's queue) is unbounded, so that a
+    /// guard's drop never waits for room and never loses its release. The actor runs without
+    /// supervision and is never restarted (see [`RegistryActor`]).
     ///
     /// # Panics
     ///

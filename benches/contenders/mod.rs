@@ -229,7 +229,7 @@ impl Contender for Seed {
 }
 
 /// A naive actor, for two comparisons: what the round trip to an actor costs by itself, and
-/// what an actor without this crate's grant channel leaves behind. A tokio task owns
+/// what an actor without this crate's pending grants leaves behind. A tokio task owns
 /// `HashMap<u64, VecDeque<oneshot::Sender<()>>>` (holder implied, waiters queued); `lock`
 /// sends the key with a oneshot and waits, a guard's drop sends an unlock. It skips waiters
 /// whose oneshot is already closed, but it cannot know that a waiter gives up *after* its

@@ -12,7 +12,8 @@
 //! tokens, which is what makes the table testable step by step and replayable.
 //!
 //! The table is generic over `D`, the *delivery*: whatever the caller needs to hand a grant to
-//! the acquirer (the registry actor stores a grant channel there; tests store `()` or a label).
+//! the acquirer (the runtime stores a pending grant's key or a kameo reply there; tests store
+//! `()` or a label).
 //! The table only stores it and gives it back, inside the [`Grant`] or from
 //! [`cancel`](LockTable::cancel) and [`shutdown`](LockTable::shutdown).
 //!

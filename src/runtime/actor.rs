@@ -105,8 +105,9 @@ impl<K: LockKey> Actor for RegistryActor<K> {
         Ok(RegistryActor::new(config))
     }
 
-    /// Serves the queue whenever work is handed to the actor, and returns to kameo only for a
-    /// mailbox signal (after serving the queue, for ordering) or to stop.
+    /// Serves the shard's queue (actor mode) a share at a time, and returns to kameo only for
+    /// a mailbox signal (after serving the queue, for ordering) or to stop: once the shard is
+    /// closed, or gone with its last handle and guard.
     async fn next(
         &mut self,
         _: WeakActorRef<Self>,
@@ -199,8 +200,6 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
             );
             return delegated;
         };
-        // The reply goes out after the token is let go, unless the step keeps it to answer
-        // when the key is granted.
         let Some(shard) = self.shard.upgrade() else {
             reply.send(Err(AcquireError::Closed));
             return delegated;

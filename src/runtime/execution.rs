@@ -10,8 +10,9 @@
 pub enum Execution {
     /// Every call runs its own step on the caller's thread, inside the shard's lock: a free
     /// key costs no task switch, and a guard's drop wakes the next waiter directly. A call
-    /// that finds another step running waits for it on the lock (a step is a few hundred
-    /// nanoseconds at most and never awaits), then runs its own. The default.
+    /// that finds another step running waits for it on the lock (a step never awaits, and
+    /// runs no user code but the key's `Hash`, `Eq`, `Clone` and `Debug`), then runs its own.
+    /// The default.
     RunOnCaller,
     /// Every request goes through a queue to the registry's actor task, which runs every
     /// step: two task switches per `lock`, but the caller never runs bookkeeping itself.
