@@ -29,7 +29,7 @@ const ROUNDS: usize = 15;
 /// The contenders users choose between: the bar is the best of them in each round.
 const PEERS: [&str; 4] = ["lockable", "keyed-lock", "key-mutex", "seed"];
 /// Our configurations, each held against the best peer.
-const OURS: [&str; 3] = ["keyed-locks", "keyed-locks-actor", "keyed-locks-2-shards"];
+const OURS: [&str; 3] = ["keyed-locks", "keyed-locks-actor", "keyed-locks-8-shards"];
 
 /// One run of a workload for one contender, returning its duration; the argument numbers the
 /// run, so that `distinct` uses fresh keys.

@@ -71,8 +71,9 @@
 //!   share a PostgreSQL database, with leases and fencing tokens (check them at the
 //!   resource).
 //! - **Throughput above all**: on the repository's 2-core benchmarks the best mutex-map
-//!   crate does 1.2× (one task, a new key each time) to 2× (many keys, many tasks) more
-//!   lock/unlock pairs per second. The README has the figures and the commands that measure
+//!   crate does 1.2× (many tasks on one key) to 1.4× (one task, a new key each time)
+//!   more lock/unlock pairs per second than the default registry; with 8 shards we lead on
+//!   many keys under many tasks. The README has the figures and the commands that measure
 //!   them.
 
 //! # Observing it in a service
@@ -118,7 +119,7 @@
 //! There are no labels: a label per key would make one series per key, without bound. The
 //! gauges are sums over every shard of every registry in the process. With the feature on,
 //! every call reads the clock three times and allocates its observation: an uncontended
-//! lock/unlock pair runs about 1,800 instructions instead of about 1,070 (callgrind, in the
+//! lock/unlock pair runs about 1,500 instructions instead of about 800 (callgrind, in the
 //! repository's `docs/performance-log.md`), so switch it on where the numbers are wanted.
 //!
 //! # FAQ

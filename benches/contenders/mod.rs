@@ -45,8 +45,9 @@ pub type Ours = OursWith<1, false>;
 /// (`RegistryBuilder::execution(Execution::ActorTask)`).
 pub type OursActorMode = OursWith<1, true>;
 
-/// This crate with one shard per worker thread: `RegistryBuilder::shards(2)`.
-pub type OursSharded = OursWith<2, false>;
+/// This crate with `RegistryBuilder::shards(8)`: DashMap's default for these 2-core machines
+/// (the next power of two at or above 4x the available parallelism, `default_shard_amount`).
+pub type OursSharded = OursWith<8, false>;
 
 /// This crate, built with `SHARDS` shards, in actor mode if `ACTOR_TASK`.
 pub struct OursWith<const SHARDS: usize, const ACTOR_TASK: bool>(keyed_locks::LockRegistry<u64>);
@@ -55,7 +56,7 @@ impl<const SHARDS: usize, const ACTOR_TASK: bool> Contender for OursWith<SHARDS,
     const NAME: &'static str = match (SHARDS, ACTOR_TASK) {
         (1, false) => "keyed-locks",
         (1, true) => "keyed-locks-actor",
-        (2, false) => "keyed-locks-2-shards",
+        (8, false) => "keyed-locks-8-shards",
         _ => "keyed-locks-other",
     };
     type Guard<'a> = keyed_locks::KeyGuard<u64>;
