@@ -71,6 +71,22 @@ fn serve_as_actor(shard: &Shard<u32>) {
     while let Poll::Ready(Work::Served) = shard.poll_work(&mut cx) {}
 }
 
+/// Takes the free `key` before the model's threads start, in either mode: the holder the
+/// threads then race around.
+fn hold_free_key(shard: &Shard<u32>, key: u32) -> Granted {
+    let (_, waker) = flag();
+    let started = shard.start(acquire(key), &waker);
+    serve_as_actor(shard);
+    match started {
+        Started::Granted(granted) => granted,
+        Started::Waiting(pending) => match poll(shard, pending) {
+            Poll::Ready(Ok(granted)) => granted,
+            other => panic!("a free key is granted: {other:?}"),
+        },
+        Started::Refused(refused) => panic!("open shard refused: {refused:?}"),
+    }
+}
+
 /// Polls a pending grant once.
 fn poll(shard: &Shard<u32>, pending: PendingKey) -> Poll<Result<Granted, NotGranted>> {
     let (_, waker) = flag();
@@ -93,18 +109,7 @@ fn loom_take_or_queue_against_give_back() {
     for execution in [Execution::RunOnCaller, Execution::ActorTask] {
         loom::model(move || {
             let shard = shard(execution);
-            let (_, waker) = flag();
-            let held = match shard.start(acquire(1), &waker) {
-                Started::Granted(granted) => granted,
-                Started::Waiting(pending) => {
-                    serve_as_actor(&shard);
-                    match poll(&shard, pending) {
-                        Poll::Ready(Ok(granted)) => granted,
-                        other => panic!("a free key is granted: {other:?}"),
-                    }
-                }
-                Started::Refused(refused) => panic!("open shard refused: {refused:?}"),
-            };
+            let held = hold_free_key(&shard, 1);
             let releaser = {
                 let shard = Arc::clone(&shard);
                 thread::spawn(move || shard.release(held.waiter_id))
@@ -142,17 +147,8 @@ fn loom_grant_against_cancel() {
     for execution in [Execution::RunOnCaller, Execution::ActorTask] {
         loom::model(move || {
             let shard = shard(execution);
+            let held = hold_free_key(&shard, 1);
             let (_, waker) = flag();
-            let started = shard.start(acquire(1), &waker);
-            serve_as_actor(&shard);
-            let held = match started {
-                Started::Granted(granted) => granted,
-                Started::Waiting(pending) => match poll(&shard, pending) {
-                    Poll::Ready(Ok(granted)) => granted,
-                    other => panic!("a free key is granted: {other:?}"),
-                },
-                Started::Refused(refused) => panic!("open shard refused: {refused:?}"),
-            };
             let Started::Waiting(gives_up) = shard.start(acquire(1), &waker) else {
                 panic!("the key is held");
             };
@@ -195,12 +191,7 @@ fn loom_shutdown_against_a_step_in_progress() {
     for execution in [Execution::RunOnCaller, Execution::ActorTask] {
         loom::model(move || {
             let shard = shard(execution);
-            let (_, waker) = flag();
-            let started = shard.start(acquire(1), &waker);
-            serve_as_actor(&shard);
-            if let Started::Waiting(pending) = started {
-                assert!(matches!(poll(&shard, pending), Poll::Ready(Ok(_))));
-            }
+            hold_free_key(&shard, 1);
             let (waiter_woken, waiter_waker) = flag();
             let Started::Waiting(waiter) = shard.start(acquire(1), &waiter_waker) else {
                 panic!("the key is held");
