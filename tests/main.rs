@@ -11,6 +11,7 @@ mod cluster_processes;
 #[cfg(feature = "postgres")]
 mod cluster_registry;
 mod configurations;
+mod cooperative;
 mod every_exit_releases;
 // Not a behaviour: where the tests that run an example as a process find its binary.
 mod example_binary;

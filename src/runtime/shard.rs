@@ -432,8 +432,8 @@ enum Stage<K: LockKey> {
     Start(Request<K>),
     /// Queued; the grant will come to this pending slot.
     Waiting(PendingKey),
-    /// Granted, and kept until the task's budget allows to return it.
-    Granted(Granted),
+    /// Answered, and kept until the task's budget allows to return it.
+    Answered(Result<Granted, NotGranted>),
     Done,
 }
 
@@ -457,39 +457,39 @@ impl<K: LockKey> Future for GrantFuture<'_, K> {
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        let granted = match std::mem::replace(&mut this.stage, Stage::Done) {
+        let answer = match std::mem::replace(&mut this.stage, Stage::Done) {
             Stage::Start(request) => match this.shard.start(request, cx.waker()) {
-                Started::Granted(granted) => granted,
-                Started::Refused(not_granted) => return Poll::Ready(Err(not_granted)),
+                Started::Granted(granted) => Ok(granted),
+                Started::Refused(not_granted) => Err(not_granted),
                 Started::Waiting(pending) => {
                     this.stage = Stage::Waiting(pending);
                     return Poll::Pending;
                 }
             },
             Stage::Waiting(pending) => match this.shard.poll_grant(pending, cx) {
-                Poll::Ready(Ok(granted)) => granted,
-                Poll::Ready(Err(not_granted)) => return Poll::Ready(Err(not_granted)),
+                Poll::Ready(answer) => answer,
                 Poll::Pending => {
                     this.stage = Stage::Waiting(pending);
                     return Poll::Pending;
                 }
             },
-            Stage::Granted(granted) => granted,
+            Stage::Answered(answer) => answer,
             // Polled after completion: behave like a closed shard rather than panic.
-            Stage::Done => return Poll::Ready(Err(NotGranted::Closed)),
+            Stage::Done => Err(NotGranted::Closed),
         };
-        // A grant costs one unit of the task's tokio budget, as a tokio `Mutex` lock does: a
-        // loop that locks free keys is always ready, and would otherwise never let its worker
-        // run another task. Charged after the step, so that the first poll always reaches the
-        // shard (arrival order stays the order of first polls); with the budget spent, the
-        // grant is kept here until the task comes back (and released if it never does).
+        // An answer costs one unit of the task's tokio budget, as a tokio `Mutex` lock does:
+        // a loop that locks free keys (or keeps hearing `Closed` or would-block) is always
+        // ready, and would otherwise never let its worker run another task. Charged after the
+        // step, so that the first poll always reaches the shard (arrival order stays the order
+        // of first polls); with the budget spent, the answer is kept here until the task comes
+        // back (and a grant released if it never does).
         match tokio::task::coop::poll_proceed(cx) {
             Poll::Ready(coop) => {
                 coop.made_progress();
-                Poll::Ready(Ok(granted))
+                Poll::Ready(answer)
             }
             Poll::Pending => {
-                this.stage = Stage::Granted(granted);
+                this.stage = Stage::Answered(answer);
                 Poll::Pending
             }
         }
@@ -500,8 +500,8 @@ impl<K: LockKey> Drop for GrantFuture<'_, K> {
     fn drop(&mut self) {
         match self.stage {
             Stage::Waiting(pending) => self.shard.abandon(pending),
-            Stage::Granted(granted) => self.shard.release(granted.waiter_id),
-            Stage::Start(_) | Stage::Done => {}
+            Stage::Answered(Ok(granted)) => self.shard.release(granted.waiter_id),
+            Stage::Start(_) | Stage::Answered(Err(_)) | Stage::Done => {}
         }
     }
 }
