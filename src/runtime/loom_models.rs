@@ -32,6 +32,12 @@ impl Wake for Flag {
     }
 }
 
+impl Flag {
+    fn woken(&self) -> bool {
+        self.0.load(Ordering::SeqCst) > 0
+    }
+}
+
 fn flag() -> (Arc<Flag>, Waker) {
     let flag = Arc::new(Flag(AtomicUsize::new(0)));
     (Arc::clone(&flag), Waker::from(flag))
@@ -87,6 +93,37 @@ fn hold_free_key(shard: &Shard<u32>, key: u32) -> Granted {
     }
 }
 
+/// Queues a request for the held `key`, for `waker`'s task.
+fn wait_for_held_key(shard: &Shard<u32>, key: u32, waker: &Waker) -> PendingKey {
+    match shard.start(acquire(key), waker) {
+        Started::Waiting(pending) => pending,
+        _ => panic!("the key is held"),
+    }
+}
+
+/// Runs `work` on a model thread of its own.
+fn on_thread(
+    shard: &Arc<Shard<u32>>,
+    work: impl FnOnce(&Shard<u32>) + Send + 'static,
+) -> thread::JoinHandle<()> {
+    let shard = Arc::clone(shard);
+    thread::spawn(move || work(&shard))
+}
+
+/// Releases the last grant and checks that the shard keeps no entry.
+fn let_go_and_find_nothing_left(shard: &Shard<u32>, granted: Granted) {
+    shard.release(granted.waiter_id);
+    serve_as_actor(shard);
+    assert_eq!(keys(shard), 0, "no entry left");
+}
+
+/// Explores every interleaving of `model`, once in each execution mode.
+fn in_both_modes(model: fn(Execution)) {
+    for execution in [Execution::RunOnCaller, Execution::ActorTask] {
+        loom::model(move || model(execution));
+    }
+}
+
 /// Polls a pending grant once.
 fn poll(shard: &Shard<u32>, pending: PendingKey) -> Poll<Result<Granted, NotGranted>> {
     let (_, waker) = flag();
@@ -106,37 +143,30 @@ fn keys(shard: &Shard<u32>) -> usize {
 /// request is lost between the release and the queue.
 #[test]
 fn loom_take_or_queue_against_give_back() {
-    for execution in [Execution::RunOnCaller, Execution::ActorTask] {
-        loom::model(move || {
-            let shard = shard(execution);
-            let held = hold_free_key(&shard, 1);
-            let releaser = {
-                let shard = Arc::clone(&shard);
-                thread::spawn(move || shard.release(held.waiter_id))
-            };
-            let (woken, waker) = flag();
-            let started = shard.start(acquire(1), &waker);
-            releaser.join().unwrap();
-            serve_as_actor(&shard);
-            let granted = match started {
-                Started::Granted(granted) => granted,
-                Started::Waiting(pending) => {
-                    let answer = poll(&shard, pending);
-                    if let Poll::Ready(Ok(granted)) = answer {
-                        assert!(woken.0.load(Ordering::SeqCst) > 0, "granted without a wake");
-                        granted
-                    } else {
-                        panic!("the release passed the key on: {answer:?}");
-                    }
+    in_both_modes(|execution| {
+        let shard = shard(execution);
+        let held = hold_free_key(&shard, 1);
+        let releaser = on_thread(&shard, move |shard| shard.release(held.waiter_id));
+        let (woken, waker) = flag();
+        let started = shard.start(acquire(1), &waker);
+        releaser.join().unwrap();
+        serve_as_actor(&shard);
+        let granted = match started {
+            Started::Granted(granted) => granted,
+            Started::Waiting(pending) => {
+                let answer = poll(&shard, pending);
+                if let Poll::Ready(Ok(granted)) = answer {
+                    assert!(woken.woken(), "granted without a wake");
+                    granted
+                } else {
+                    panic!("the release passed the key on: {answer:?}");
                 }
-                Started::Refused(refused) => panic!("open shard refused: {refused:?}"),
-            };
-            assert_eq!(granted.fencing_token, 2);
-            shard.release(granted.waiter_id);
-            serve_as_actor(&shard);
-            assert_eq!(keys(&shard), 0, "no entry left");
-        });
-    }
+            }
+            Started::Refused(refused) => panic!("open shard refused: {refused:?}"),
+        };
+        assert_eq!(granted.fencing_token, 2);
+        let_go_and_find_nothing_left(&shard, granted);
+    });
 }
 
 /// Grant against cancel: the holder releases while the first waiter's future is dropped.
@@ -144,43 +174,26 @@ fn loom_take_or_queue_against_give_back() {
 /// that gave up passes on), and nothing is left once it lets go.
 #[test]
 fn loom_grant_against_cancel() {
-    for execution in [Execution::RunOnCaller, Execution::ActorTask] {
-        loom::model(move || {
-            let shard = shard(execution);
-            let held = hold_free_key(&shard, 1);
-            let (_, waker) = flag();
-            let Started::Waiting(gives_up) = shard.start(acquire(1), &waker) else {
-                panic!("the key is held");
-            };
-            let (second_woken, second_waker) = flag();
-            let Started::Waiting(second) = shard.start(acquire(1), &second_waker) else {
-                panic!("the key is held");
-            };
-            serve_as_actor(&shard);
+    in_both_modes(|execution| {
+        let shard = shard(execution);
+        let held = hold_free_key(&shard, 1);
+        let (_, waker) = flag();
+        let gives_up = wait_for_held_key(&shard, 1, &waker);
+        let (second_woken, second_waker) = flag();
+        let second = wait_for_held_key(&shard, 1, &second_waker);
+        serve_as_actor(&shard);
 
-            let releaser = {
-                let shard = Arc::clone(&shard);
-                thread::spawn(move || shard.release(held.waiter_id))
-            };
-            let dropper = {
-                let shard = Arc::clone(&shard);
-                thread::spawn(move || shard.abandon(gives_up))
-            };
-            releaser.join().unwrap();
-            dropper.join().unwrap();
-            serve_as_actor(&shard);
-            assert!(
-                second_woken.0.load(Ordering::SeqCst) > 0,
-                "the second waiter was woken"
-            );
-            let Poll::Ready(Ok(granted)) = poll(&shard, second) else {
-                panic!("the key passed on to the second waiter");
-            };
-            shard.release(granted.waiter_id);
-            serve_as_actor(&shard);
-            assert_eq!(keys(&shard), 0, "no entry left");
-        });
-    }
+        let releaser = on_thread(&shard, move |shard| shard.release(held.waiter_id));
+        let dropper = on_thread(&shard, move |shard| shard.abandon(gives_up));
+        releaser.join().unwrap();
+        dropper.join().unwrap();
+        serve_as_actor(&shard);
+        assert!(second_woken.woken(), "the second waiter was woken");
+        let Poll::Ready(Ok(granted)) = poll(&shard, second) else {
+            panic!("the key passed on to the second waiter");
+        };
+        let_go_and_find_nothing_left(&shard, granted);
+    });
 }
 
 /// Shutdown against a step in progress: a close runs while another thread asks for a free
@@ -188,57 +201,48 @@ fn loom_grant_against_cancel() {
 /// refused; the waiter gets `Closed` and a wake-up; nothing is granted after the close.
 #[test]
 fn loom_shutdown_against_a_step_in_progress() {
-    for execution in [Execution::RunOnCaller, Execution::ActorTask] {
-        loom::model(move || {
-            let shard = shard(execution);
-            hold_free_key(&shard, 1);
-            let (waiter_woken, waiter_waker) = flag();
-            let Started::Waiting(waiter) = shard.start(acquire(1), &waiter_waker) else {
-                panic!("the key is held");
-            };
-            serve_as_actor(&shard);
-            let close_returned = Arc::new(AtomicBool::new(false));
+    in_both_modes(|execution| {
+        let shard = shard(execution);
+        hold_free_key(&shard, 1);
+        let (waiter_woken, waiter_waker) = flag();
+        let waiter = wait_for_held_key(&shard, 1, &waiter_waker);
+        serve_as_actor(&shard);
+        let close_returned = Arc::new(AtomicBool::new(false));
 
-            let closer = {
-                let shard = Arc::clone(&shard);
-                let close_returned = Arc::clone(&close_returned);
-                thread::spawn(move || {
-                    shard.close();
-                    close_returned.store(true, Ordering::SeqCst);
-                })
-            };
-            let caller = {
-                let shard = Arc::clone(&shard);
-                let close_returned = Arc::clone(&close_returned);
-                thread::spawn(move || {
-                    let after_close = close_returned.load(Ordering::SeqCst);
-                    let (_, waker) = flag();
-                    let started = shard.start(try_acquire(2), &waker);
-                    if after_close {
-                        assert!(
-                            matches!(started, Started::Refused(NotGranted::Closed)),
-                            "a call made after the close returned was not refused"
-                        );
-                    }
-                    if let Started::Waiting(pending) = started {
-                        serve_as_actor(&shard);
-                        // Answered by the actor or by the close; never left hanging.
-                        assert!(poll(&shard, pending).is_ready());
-                    }
-                })
-            };
-            closer.join().unwrap();
-            caller.join().unwrap();
-            assert!(
-                waiter_woken.0.load(Ordering::SeqCst) > 0,
-                "the waiter was woken"
-            );
-            assert_eq!(poll(&shard, waiter), Poll::Ready(Err(NotGranted::Closed)));
-            let (_, waker) = flag();
-            assert!(matches!(
-                shard.start(acquire(3), &waker),
-                Started::Refused(NotGranted::Closed)
-            ));
+        let closer = on_thread(&shard, {
+            let close_returned = Arc::clone(&close_returned);
+            move |shard| {
+                shard.close();
+                close_returned.store(true, Ordering::SeqCst);
+            }
         });
-    }
+        let caller = on_thread(&shard, {
+            let close_returned = Arc::clone(&close_returned);
+            move |shard| {
+                let after_close = close_returned.load(Ordering::SeqCst);
+                let (_, waker) = flag();
+                let started = shard.start(try_acquire(2), &waker);
+                if after_close {
+                    assert!(
+                        matches!(started, Started::Refused(NotGranted::Closed)),
+                        "a call made after the close returned was not refused"
+                    );
+                }
+                if let Started::Waiting(pending) = started {
+                    serve_as_actor(shard);
+                    // Answered by the actor or by the close; never left hanging.
+                    assert!(poll(shard, pending).is_ready());
+                }
+            }
+        });
+        closer.join().unwrap();
+        caller.join().unwrap();
+        assert!(waiter_woken.woken(), "the waiter was woken");
+        assert_eq!(poll(&shard, waiter), Poll::Ready(Err(NotGranted::Closed)));
+        let (_, waker) = flag();
+        assert!(matches!(
+            shard.start(acquire(3), &waker),
+            Started::Refused(NotGranted::Closed)
+        ));
+    });
 }

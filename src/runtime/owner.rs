@@ -68,7 +68,7 @@ pub(crate) struct OwnerConfig {
 /// What steps leave to do once the lock is let go: tasks to wake and kameo replies to send.
 ///
 /// Carried out when dropped, so that nothing is lost even if a step panics half way (the
-/// grants already recorded in waiters' channels then still reach them).
+/// grants already written to waiters' pending slots then still wake them).
 pub(crate) struct Effects<K: LockKey> {
     /// The first wake-up, inline: most steps wake at most one task (a release's next holder).
     wake: Option<Waker>,
@@ -261,10 +261,7 @@ impl<K: LockKey> Owner<K> {
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
         match acquired {
-            Acquired::Granted(grant) => {
-                let own_grant = self.deliver(grant, effects);
-                return self.deliver_all(own_grant, effects);
-            }
+            Acquired::Granted(grant) => return self.deliver_first(grant, effects),
             Acquired::Queued(waiter_id) => match self.table.delivery_mut(waiter_id) {
                 // The caller is here: it gives the record a pending grant before it lets go
                 // of the shard ([`Owner::wait_here`]).
@@ -341,15 +338,14 @@ impl<K: LockKey> Owner<K> {
     ) -> Outcome<K> {
         match (taken, delivery) {
             // Delivered like any grant, so a caller that gave up meanwhile releases it at once.
-            (Ok(granted), delivery) => {
-                let grant = Grant {
+            (Ok(granted), delivery) => self.deliver_first(
+                Grant {
                     waiter_id: granted.waiter_id,
                     fencing_token: granted.fencing_token,
                     delivery,
-                };
-                let own_grant = self.deliver(grant, effects);
-                self.deliver_all(own_grant, effects)
-            }
+                },
+                effects,
+            ),
             (Err(_), Delivery::Pending(pending)) => {
                 self.metrics.would_block();
                 if let Some(waker) = self.pending.would_block(pending) {
@@ -369,17 +365,7 @@ impl<K: LockKey> Owner<K> {
     /// Returns the caller's own grant, if the step made one.
     #[inline]
     fn deliver_grants(&mut self, effects: &mut Effects<K>) -> Outcome<K> {
-        self.deliver_all(None, effects)
-    }
-
-    /// [`deliver_grants`](Self::deliver_grants), with the caller's own grant already made
-    /// (`own_grant`): an acquire that is granted at once skips the pending list.
-    #[inline]
-    fn deliver_all(
-        &mut self,
-        mut own_grant: Option<Granted>,
-        effects: &mut Effects<K>,
-    ) -> Outcome<K> {
+        let mut own_grant = None;
         while let Some(grant) = self.granted.pop() {
             if let Some(granted) = self.deliver(grant, effects) {
                 own_grant = Some(granted);
@@ -388,6 +374,23 @@ impl<K: LockKey> Owner<K> {
         match own_grant {
             Some(granted) => Outcome::Granted(granted),
             None => Outcome::Done,
+        }
+    }
+
+    /// Delivers `grant`, which the step's own request was just given (it skips the pending
+    /// list), then whatever delivering it caused.
+    #[inline]
+    fn deliver_first(&mut self, grant: Grant<Delivery<K>>, effects: &mut Effects<K>) -> Outcome<K> {
+        match self.deliver(grant, effects) {
+            // A grant to the caller releases nothing, so nothing else is pending.
+            Some(granted) => {
+                debug_assert!(
+                    self.granted.is_empty(),
+                    "a grant to the caller is the only one"
+                );
+                Outcome::Granted(granted)
+            }
+            None => self.deliver_grants(effects),
         }
     }
 

@@ -10,7 +10,7 @@
 //! | the future is dropped while its slot is | the drop then | the owner, if it gets there after |
 //! |---|---|---|
 //! | `Sent` (actor mode: the request waits for the actor) | removes the slot | finds no slot and skips the request: no entry is made |
-//! | `Queued(id)` | removes the slot and cancels `id` | — |
+//! | `Queued(id)` | removes the slot and cancels `id` | (actor mode, a release queued before the cancel) grants `id`, finds no slot and releases it; the cancel then finds nothing |
 //! | `Granted(grant)` | removes the slot and releases the grant | — |
 //! | `WouldBlock` or `Closed` | removes the slot | — |
 //!

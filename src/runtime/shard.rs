@@ -158,47 +158,40 @@ impl<K: LockKey> Shard<K> {
     /// Withdraws a started acquire whose future was dropped: cancels it if it waits in the
     /// table, releases its grant if one was made and not picked up.
     pub(crate) fn abandon(&self, pending: PendingKey) {
-        let mut effects = Effects::new();
-        let mut state = self.lock();
-        let request = match state.owner.pending().abandon(pending) {
-            Undo::Nothing => return,
-            Undo::Cancel(waiter_id) => Request::Cancel { waiter_id },
-            Undo::Release(waiter_id) => Request::Release { waiter_id },
-        };
-        self.submit(&mut state, request, &mut effects);
-        drop(state);
-        effects.carry_out();
+        self.send(|state| match state.owner.pending().abandon(pending) {
+            Undo::Nothing => None,
+            Undo::Cancel(waiter_id) => Some(Request::Cancel { waiter_id }),
+            Undo::Release(waiter_id) => Some(Request::Release { waiter_id }),
+        });
     }
 
     /// Releases a grant: a guard's drop. Never waits for anything but the lock.
     #[inline]
     pub(crate) fn release(&self, waiter_id: WaiterId) {
-        let mut effects = Effects::new();
-        let mut state = self.lock();
-        self.submit(&mut state, Request::Release { waiter_id }, &mut effects);
-        drop(state);
-        effects.carry_out();
-    }
-
-    /// Runs a request that needs no answer here (default mode), or queues it for the actor;
-    /// a closed shard takes nothing, and then nothing is left to release or cancel.
-    #[inline]
-    fn submit(&self, state: &mut ShardState<K>, request: Request<K>, effects: &mut Effects<K>) {
-        if state.closed {
-            return;
-        }
-        match self.execution {
-            Execution::RunOnCaller => state.step(request, effects).discard(),
-            Execution::ActorTask => state.queue_for_actor(request, effects),
-        }
+        self.send(|_| Some(Request::Release { waiter_id }));
     }
 
     /// A note for the journal.
     #[cfg(feature = "postgres")]
     pub(crate) fn note(&self, event: crate::journal::JournalEvent<K>) {
+        self.send(|_| Some(Request::Note { event }));
+    }
+
+    /// Runs the request that `make` builds under the lock, if any, which needs no answer: as
+    /// a step here (default mode), or queued for the actor. A closed shard takes nothing, and
+    /// then nothing is left to release or cancel.
+    #[inline]
+    fn send(&self, make: impl FnOnce(&mut ShardState<K>) -> Option<Request<K>>) {
         let mut effects = Effects::new();
         let mut state = self.lock();
-        self.submit(&mut state, Request::Note { event }, &mut effects);
+        if let Some(request) = make(&mut state)
+            && !state.closed
+        {
+            match self.execution {
+                Execution::RunOnCaller => state.step(request, &mut effects).discard(),
+                Execution::ActorTask => state.queue_for_actor(request, &mut effects),
+            }
+        }
         drop(state);
         effects.carry_out();
     }
