@@ -50,7 +50,7 @@
 //!    permit per key and no multi-key requests: waiters mean a holder.)
 //! 6. **Bounded tombstones.** `queue.len() <= 2 * entry.waiters + TOMBSTONE_SLACK`, so a
 //!    timeout storm on a key held for a long time cannot grow its queue without bound.
-//! 7. **Counters.** `held_keys` is the number of entries with a holder, `holders` the number
+//! 7. **Counts.** `held_keys` is the number of entries with a holder, `holders` the number
 //!    of holding records, `permits_in_use` the sum of the entries' permits, and `waiting` the
 //!    number of waiting records (a request for several keys is one record).
 //! 8. **Fencing.** Tokens are handed out in strictly increasing order starting at 1, one per
@@ -121,25 +121,15 @@ impl fmt::Debug for WaiterId {
 const TOMBSTONE_SLACK: usize = 16;
 
 /// The pure, synchronous per-key lock state machine. See the [module docs](self).
+///
+/// Two parts, so that a step can change one key's entry and everything else at once (two
+/// fields borrow apart): the entry map, and the [`Ledger`] of acquirers and counts.
 pub struct LockTable<K, D> {
     /// Keyed with foldhash rather than std's SipHash: every step hashes, and SipHash trades
     /// speed for resistance to chosen keys (`docs/performance-log.md` has the profile that
     /// led to the switch).
     entries: EntryMap<K>,
-    records: Records<Record<K, D>>,
-    /// The keys of every acquirer of several keys at once (invariant 10).
-    groups: GroupMap<K>,
-    next_fencing_token: u64,
-    /// Permits per key: an exclusive acquirer takes them all (invariant 3).
-    capacity: NonZeroU32,
-    /// Entries with a holder (invariant 7).
-    held_keys: usize,
-    /// Holding records (invariant 7).
-    holders: usize,
-    /// Permits held, over every key (invariant 7).
-    permits_in_use: usize,
-    /// Waiting records (invariant 7).
-    waiting: usize,
+    ledger: Ledger<K, D>,
 }
 
 type EntryMap<K> = HashMap<K, Entry, foldhash::fast::RandomState>;
@@ -147,41 +137,49 @@ type EntryMap<K> = HashMap<K, Entry, foldhash::fast::RandomState>;
 /// Ids are issued by the table, not chosen by callers, so a fixed-seed hasher is safe here.
 type GroupMap<K> = HashMap<WaiterId, Box<[K]>, foldhash::fast::FixedState>;
 
-/// The table's fields other than the entry map, borrowed while one entry is changed.
-struct Counters<'a, K, D> {
+/// Everything the table knows apart from its entry map: the record of each acquirer, the keys
+/// of each request for several keys, the next fencing token, and the counts kept over them.
+/// Its methods take the entries they change as arguments.
+struct Ledger<K, D> {
+    records: Records<Record<K, D>>,
+    /// The keys of every acquirer of several keys at once (invariant 10).
+    groups: GroupMap<K>,
+    next_fencing_token: u64,
+    /// Permits per key: an exclusive acquirer takes them all (invariant 3).
     capacity: NonZeroU32,
-    records: &'a mut Records<Record<K, D>>,
-    groups: &'a mut GroupMap<K>,
-    next_fencing_token: &'a mut u64,
-    permits: PermitCounts<'a>,
-    holders: &'a mut usize,
-    waiting: &'a mut usize,
+    counts: Counts,
 }
 
-/// The counts of held keys and permits in use, which every change of an entry's permits
-/// keeps. Apart from the other counters, so that they can change while the group map is read.
-struct PermitCounts<'a> {
-    held_keys: &'a mut usize,
-    in_use: &'a mut usize,
+/// The counts kept in O(1) for [`LockTable::stats`] (invariant 7).
+#[derive(Debug, Default)]
+struct Counts {
+    /// Entries with a holder.
+    held_keys: usize,
+    /// Holding records.
+    holders: usize,
+    /// Permits held, over every key.
+    permits_in_use: usize,
+    /// Waiting records.
+    waiting: usize,
 }
 
-impl PermitCounts<'_> {
+impl Counts {
     /// Counts `permits` of `entry` as taken, and the key as held if they are its first.
     fn take(&mut self, entry: &mut Entry, permits: Permits) {
         if entry.permits == 0 {
-            *self.held_keys += 1;
+            self.held_keys += 1;
         }
         entry.permits += permits.get();
-        *self.in_use += permits.get() as usize;
+        self.permits_in_use += permits.get() as usize;
     }
 
     /// Counts `permits` of `entry` as given back, and the key as no longer held if they were
     /// its last.
     fn give_back(&mut self, entry: &mut Entry, permits: Permits) {
         entry.permits -= permits.get();
-        *self.in_use -= permits.get() as usize;
+        self.permits_in_use -= permits.get() as usize;
         if entry.permits == 0 {
-            *self.held_keys -= 1;
+            self.held_keys -= 1;
         }
     }
 }
@@ -460,40 +458,19 @@ where
     pub fn with_capacity(capacity: NonZeroU32) -> Self {
         LockTable {
             entries: HashMap::default(),
-            records: Records::new(),
-            groups: HashMap::default(),
-            next_fencing_token: 1,
-            capacity,
-            held_keys: 0,
-            holders: 0,
-            permits_in_use: 0,
-            waiting: 0,
-        }
-    }
-
-    /// The entry map apart from everything else, so that one entry can be changed together
-    /// with the records and counters.
-    fn split(&mut self) -> (&mut EntryMap<K>, Counters<'_, K, D>) {
-        (
-            &mut self.entries,
-            Counters {
-                capacity: self.capacity,
-                records: &mut self.records,
-                groups: &mut self.groups,
-                next_fencing_token: &mut self.next_fencing_token,
-                permits: PermitCounts {
-                    held_keys: &mut self.held_keys,
-                    in_use: &mut self.permits_in_use,
-                },
-                holders: &mut self.holders,
-                waiting: &mut self.waiting,
+            ledger: Ledger {
+                records: Records::new(),
+                groups: HashMap::default(),
+                next_fencing_token: 1,
+                capacity,
+                counts: Counts::default(),
             },
-        )
+        }
     }
 
     /// The permits each key has.
     pub fn capacity(&self) -> NonZeroU32 {
-        self.capacity
+        self.ledger.capacity
     }
 
     /// A request for `count` of a key's permits.
@@ -502,18 +479,19 @@ where
     ///
     /// [`PermitsOutOfRange`] if `count` is 0 or above the table's capacity.
     pub fn permits(&self, count: u32) -> Result<Permits, PermitsOutOfRange> {
+        let capacity = self.ledger.capacity;
         NonZeroU32::new(count)
-            .filter(|count| *count <= self.capacity)
+            .filter(|count| *count <= capacity)
             .map(Permits)
             .ok_or(PermitsOutOfRange {
                 requested: count,
-                capacity: self.capacity.get(),
+                capacity: capacity.get(),
             })
     }
 
     /// A request for every permit of a key: an exclusive lock.
     pub fn all_permits(&self) -> Permits {
-        Permits(self.capacity)
+        Permits(self.ledger.capacity)
     }
 
     /// Asks for `key` exclusively: granted at once if nobody holds or waits for it, queued
@@ -526,25 +504,18 @@ where
     /// enough permits are free, queued behind the earlier waiters otherwise (strict FIFO: a
     /// request is never overtaken by a later one, however small).
     pub fn acquire_permits(&mut self, key: K, permits: Permits, delivery: D) -> Acquired<D> {
-        let capacity = self.capacity;
-        let (entries, mut counters) = self.split();
+        let LockTable { entries, ledger } = self;
         let entry = match entries.entry(key) {
             hash_map::Entry::Occupied(mut occupied) => {
                 let entry = occupied.get_mut();
                 // Invariant 5: with no live waiter ahead, fitting is the only condition.
-                if entry.waiters > 0 || !fits(entry, permits, capacity) {
-                    let waiter_id = counters.records.insert(Record {
+                if entry.waiters > 0 || !ledger.fits(entry, permits) {
+                    let waiter_id = ledger.records.insert(Record {
                         key: occupied.key().clone(),
                         state: RecordState::Waiting(delivery),
                     });
-                    let entry = occupied.get_mut();
-                    entry.queue.push_back(Queued {
-                        waiter_id,
-                        permits,
-                        group: false,
-                    });
-                    entry.waiters += 1;
-                    *counters.waiting += 1;
+                    occupied.get_mut().queue_waiter(waiter_id, permits, false);
+                    ledger.counts.waiting += 1;
                     return Acquired::Queued(waiter_id);
                 }
                 occupied
@@ -552,7 +523,7 @@ where
             hash_map::Entry::Vacant(vacant) => vacant.insert_entry(Entry::default()),
         };
         let key = entry.key().clone();
-        let (waiter_id, fencing_token) = hold(entry.into_mut(), key, permits, &mut counters);
+        let (waiter_id, fencing_token) = ledger.hold(entry.into_mut(), key, permits);
         Acquired::Granted(Grant {
             waiter_id,
             fencing_token,
@@ -573,11 +544,10 @@ where
         key: K,
         permits: Permits,
     ) -> Result<Grant<()>, WouldBlock> {
-        let capacity = self.capacity;
-        let (entries, mut counters) = self.split();
+        let LockTable { entries, ledger } = self;
         let entry = match entries.entry(key) {
             hash_map::Entry::Occupied(occupied) => {
-                if occupied.get().waiters > 0 || !fits(occupied.get(), permits, capacity) {
+                if occupied.get().waiters > 0 || !ledger.fits(occupied.get(), permits) {
                     return Err(WouldBlock);
                 }
                 occupied
@@ -585,7 +555,7 @@ where
             hash_map::Entry::Vacant(vacant) => vacant.insert_entry(Entry::default()),
         };
         let key = entry.key().clone();
-        let (waiter_id, fencing_token) = hold(entry.into_mut(), key, permits, &mut counters);
+        let (waiter_id, fencing_token) = ledger.hold(entry.into_mut(), key, permits);
         Ok(Grant {
             waiter_id,
             fencing_token,
@@ -607,30 +577,27 @@ where
             Err(keys) => keys.0,
         };
         let permits = self.all_permits();
-        let (entries, mut counters) = self.split();
-        if all_free(entries, &keys, permits, counters.capacity) {
-            let (waiter_id, fencing_token) = hold_all(entries, keys, permits, &mut counters);
+        let LockTable { entries, ledger } = self;
+        if ledger.all_free(entries, &keys, permits) {
+            let (waiter_id, fencing_token) = ledger.hold_all(entries, keys, permits);
             return Acquired::Granted(Grant {
                 waiter_id,
                 fencing_token,
                 delivery,
             });
         }
-        let waiter_id = counters.records.insert(Record {
+        let waiter_id = ledger.records.insert(Record {
             key: keys[0].clone(),
             state: RecordState::Waiting(delivery),
         });
         for key in &keys {
-            let entry = entries.entry(key.clone()).or_default();
-            entry.queue.push_back(Queued {
-                waiter_id,
-                permits,
-                group: true,
-            });
-            entry.waiters += 1;
+            entries
+                .entry(key.clone())
+                .or_default()
+                .queue_waiter(waiter_id, permits, true);
         }
-        *counters.waiting += 1;
-        counters.groups.insert(waiter_id, keys);
+        ledger.counts.waiting += 1;
+        ledger.groups.insert(waiter_id, keys);
         Acquired::Queued(waiter_id)
     }
 
@@ -643,11 +610,11 @@ where
             Err(keys) => keys.0,
         };
         let permits = self.all_permits();
-        let (entries, mut counters) = self.split();
-        if !all_free(entries, &keys, permits, counters.capacity) {
+        let LockTable { entries, ledger } = self;
+        if !ledger.all_free(entries, &keys, permits) {
             return Err(WouldBlock);
         }
-        let (waiter_id, fencing_token) = hold_all(entries, keys, permits, &mut counters);
+        let (waiter_id, fencing_token) = ledger.hold_all(entries, keys, permits);
         Ok(Grant {
             waiter_id,
             fencing_token,
@@ -669,7 +636,8 @@ where
         waiter_id: WaiterId,
         granted: &mut Vec<Grant<D>>,
     ) -> Result<K, WaiterError> {
-        match self.records.get(waiter_id) {
+        let LockTable { entries, ledger } = self;
+        match ledger.records.get(waiter_id) {
             None => return Err(WaiterError::Unknown(waiter_id)),
             Some(Record {
                 state: RecordState::Waiting(_),
@@ -679,16 +647,16 @@ where
         }
         let Some(Record {
             key,
-            state: RecordState::Holding { permits, .. },
-        }) = self.records.remove(waiter_id)
+            state: RecordState::Holding { permits },
+        }) = ledger.records.remove(waiter_id)
         else {
             return Err(WaiterError::Unknown(waiter_id));
         };
-        if let Some(keys) = self.take_group(waiter_id) {
-            self.release_group(&keys, permits, granted);
+        ledger.counts.holders -= 1;
+        if let Some(keys) = ledger.take_group(waiter_id) {
+            ledger.release_group(entries, &keys, permits, granted);
             return Ok(key);
         }
-        let (entries, mut counters) = self.split();
         // One hash and one probe for the usual release, which leaves nobody waiting: the
         // record's key finds the entry, and removes it through the same lookup.
         let hash_map::Entry::Occupied(mut occupied) = entries.entry(key) else {
@@ -698,8 +666,7 @@ where
             return Err(WaiterError::Unknown(waiter_id));
         };
         let entry = occupied.get_mut();
-        counters.permits.give_back(entry, permits);
-        *counters.holders -= 1;
+        ledger.counts.give_back(entry, permits);
         if entry.waiters == 0 {
             if entry.is_unused() {
                 // Invariant 1: its last user is gone.
@@ -707,9 +674,9 @@ where
             }
             return Ok(occupied.key().clone());
         }
-        let settled = grant_fitting(entry, &mut counters, granted);
+        let settled = ledger.grant_fitting(entry, granted);
         let key = occupied.key().clone();
-        finish(entries, &mut counters, &key, settled, granted);
+        ledger.finish(entries, &key, settled, granted);
         Ok(key)
     }
 
@@ -732,7 +699,8 @@ where
         waiter_id: WaiterId,
         granted: &mut Vec<Grant<D>>,
     ) -> Result<(K, D), WaiterError> {
-        match self.records.get(waiter_id) {
+        let LockTable { entries, ledger } = self;
+        match ledger.records.get(waiter_id) {
             None => return Err(WaiterError::Unknown(waiter_id)),
             Some(Record {
                 state: RecordState::Holding { .. },
@@ -744,14 +712,13 @@ where
             key,
             state: RecordState::Waiting(delivery),
             ..
-        }) = self.records.remove(waiter_id)
+        }) = ledger.records.remove(waiter_id)
         else {
             return Err(WaiterError::Unknown(waiter_id));
         };
-        self.waiting -= 1;
-        if let Some(keys) = self.take_group(waiter_id) {
+        ledger.counts.waiting -= 1;
+        if let Some(keys) = ledger.take_group(waiter_id) {
             let first_new = granted.len();
-            let (entries, mut counters) = self.split();
             for key in &keys {
                 match entries.get_mut(key) {
                     Some(entry) => entry.waiters -= 1,
@@ -759,47 +726,17 @@ where
                 }
             }
             for key in &keys {
-                settle(entries, &mut counters, key, granted);
+                ledger.settle(entries, key, granted);
             }
             in_arrival_order(&mut granted[first_new..]);
             return Ok((key, delivery));
         }
-        let (entries, mut counters) = self.split();
         match entries.get_mut(&key) {
             Some(entry) => entry.waiters -= 1,
             None => debug_assert!(false, "invariant 1: waiter without entry"),
         }
-        settle(entries, &mut counters, &key, granted);
+        ledger.settle(entries, &key, granted);
         Ok((key, delivery))
-    }
-
-    /// The keys of `waiter_id` if it asks for or holds several at once, taken out of the group
-    /// map. Free when no group is live: a single-key release then does no lookup here.
-    #[inline]
-    fn take_group(&mut self, waiter_id: WaiterId) -> Option<Box<[K]>> {
-        if self.groups.is_empty() {
-            return None;
-        }
-        self.groups.remove(&waiter_id)
-    }
-
-    /// Ends a hold of `permits` on each of `keys`, whose record is already gone, then grants
-    /// what now can be on each key; the step's grants take their tokens in order of arrival.
-    fn release_group(&mut self, keys: &[K], permits: Permits, granted: &mut Vec<Grant<D>>) {
-        let first_new = granted.len();
-        let (entries, mut counters) = self.split();
-        *counters.holders -= 1;
-        for key in keys {
-            let Some(entry) = entries.get_mut(key) else {
-                debug_assert!(false, "invariant 1: holder without entry");
-                continue;
-            };
-            counters.permits.give_back(entry, permits);
-        }
-        for key in keys {
-            settle(entries, &mut counters, key, granted);
-        }
-        in_arrival_order(&mut granted[first_new..]);
     }
 
     /// Empties the table: every waiter is withdrawn and returned with its delivery, in order of
@@ -807,6 +744,7 @@ where
     /// [`WaiterError::Unknown`]. Fencing tokens and waiter ids keep increasing afterwards.
     pub fn shutdown(&mut self) -> Vec<(WaiterId, D)> {
         let waiters = self
+            .ledger
             .records
             .drain()
             .into_iter()
@@ -816,25 +754,22 @@ where
             })
             .collect();
         self.entries.clear();
-        self.groups.clear();
-        self.held_keys = 0;
-        self.holders = 0;
-        self.permits_in_use = 0;
-        self.waiting = 0;
+        self.ledger.groups.clear();
+        self.ledger.counts = Counts::default();
         waiters
     }
 
     /// The key `waiter_id` holds or waits for, if the id is live; for a request of several
     /// keys, the first of them.
     pub fn key_of(&self, waiter_id: WaiterId) -> Option<&K> {
-        self.records.get(waiter_id).map(|record| &record.key)
+        self.ledger.records.get(waiter_id).map(|record| &record.key)
     }
 
     /// Every key `waiter_id` holds or waits for, if the id is live: one key, or the keys of a
     /// request for several at once.
     pub fn keys_of(&self, waiter_id: WaiterId) -> Option<&[K]> {
-        let record = self.records.get(waiter_id)?;
-        match self.groups.get(&waiter_id) {
+        let record = self.ledger.records.get(waiter_id)?;
+        match self.ledger.groups.get(&waiter_id) {
             Some(keys) => Some(keys),
             None => Some(std::slice::from_ref(&record.key)),
         }
@@ -842,7 +777,7 @@ where
 
     /// The delivery of a waiter that is still queued.
     pub fn delivery_of(&self, waiter_id: WaiterId) -> Option<&D> {
-        match self.records.get(waiter_id)?.state {
+        match self.ledger.records.get(waiter_id)?.state {
             RecordState::Waiting(ref delivery) => Some(delivery),
             RecordState::Holding { .. } => None,
         }
@@ -851,7 +786,7 @@ where
     /// The delivery of a waiter that is still queued, to replace it. The table never looks
     /// at deliveries, so this changes nothing it records.
     pub fn delivery_mut(&mut self, waiter_id: WaiterId) -> Option<&mut D> {
-        match self.records.get_mut(waiter_id)?.state {
+        match self.ledger.records.get_mut(waiter_id)?.state {
             RecordState::Waiting(ref mut delivery) => Some(delivery),
             RecordState::Holding { .. } => None,
         }
@@ -864,13 +799,14 @@ where
 
     /// Counts at this instant, in O(1).
     pub fn stats(&self) -> RegistryStats {
+        let counts = &self.ledger.counts;
         RegistryStats {
             keys: self.entries.len(),
-            held: self.held_keys,
-            holders: self.holders,
-            permits: self.permits_in_use,
-            waiting: self.waiting,
-            grants: self.next_fencing_token - 1,
+            held: counts.held_keys,
+            holders: counts.holders,
+            permits: counts.permits_in_use,
+            waiting: counts.waiting,
+            grants: self.ledger.next_fencing_token - 1,
         }
     }
 
@@ -881,11 +817,11 @@ where
     /// The first broken invariant found.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         let broken = |invariant: u8, detail: String| Err(InvariantViolation { invariant, detail });
-        if let Err(detail) = self.records.check() {
+        if let Err(detail) = self.ledger.records.check() {
             return broken(9, detail);
         }
-        for (group, keys) in &self.groups {
-            match self.records.get(*group) {
+        for (group, keys) in &self.ledger.groups {
+            match self.ledger.records.get(*group) {
                 None => return broken(10, format!("group {group:?} has no record")),
                 Some(record) if keys.len() < 2 || keys.first() != Some(&record.key) => {
                     return broken(
@@ -903,7 +839,7 @@ where
         let mut waiting_of: HashMap<&K, u32> = HashMap::new();
         let mut permits_of: HashMap<&K, u32> = HashMap::new();
         let (mut holding_records, mut waiting_records) = (0, 0);
-        for (waiter_id, record) in self.records.iter() {
+        for (waiter_id, record) in self.ledger.records.iter() {
             let keys = self.keys_of(waiter_id).unwrap_or_default();
             for key in keys {
                 if !self.entries.contains_key(key) {
@@ -939,19 +875,19 @@ where
                 );
             }
             let permits = permits_of.get(key).copied().unwrap_or(0);
-            if entry.permits != permits || permits > self.capacity.get() {
+            if entry.permits != permits || permits > self.ledger.capacity.get() {
                 return broken(
                     3,
                     format!(
                         "entry counts {} permits, its holders hold {permits}, capacity {}",
-                        entry.permits, self.capacity
+                        entry.permits, self.ledger.capacity
                     ),
                 );
             }
             if let Err(detail) = self.check_queue(key, entry) {
                 return broken(4, detail);
             }
-            if let Some(first) = first_live(entry, &self.records)
+            if let Some(first) = self.ledger.first_live(entry)
                 && self.grantable(first)
             {
                 return broken(
@@ -961,7 +897,7 @@ where
                          for nothing else",
                         first.waiter_id,
                         first.permits.get(),
-                        self.capacity.get() - entry.permits
+                        self.ledger.capacity.get() - entry.permits
                     ),
                 );
             }
@@ -978,21 +914,22 @@ where
             held_keys += usize::from(entry.permits > 0);
             permits_total += entry.permits as usize;
         }
-        if self.next_fencing_token <= holding_records as u64 {
+        if self.ledger.next_fencing_token <= holding_records as u64 {
             return broken(
                 8,
                 format!(
                     "{holding_records} holders but only {} tokens handed out",
-                    self.next_fencing_token - 1
+                    self.ledger.next_fencing_token - 1
                 ),
             );
         }
         let counted = (held_keys, holding_records, permits_total, waiting_records);
+        let counts = &self.ledger.counts;
         let kept = (
-            self.held_keys,
-            self.holders,
-            self.permits_in_use,
-            self.waiting,
+            counts.held_keys,
+            counts.holders,
+            counts.permits_in_use,
+            counts.waiting,
         );
         if counted != kept {
             return broken(
@@ -1016,7 +953,7 @@ where
                 return Err(format!("{id:?} is queued after {previous:?}"));
             }
             previous = Some(id);
-            let Some(record) = self.records.get(id) else {
+            let Some(record) = self.ledger.records.get(id) else {
                 continue;
             };
             if !matches!(record.state, RecordState::Waiting(_)) {
@@ -1025,7 +962,7 @@ where
             if !self.keys_of(id).unwrap_or_default().contains(key) {
                 return Err(format!("waiter {id:?} queued under another key"));
             }
-            if queued.group != self.groups.contains_key(&id) {
+            if queued.group != self.ledger.groups.contains_key(&id) {
                 return Err(format!(
                     "waiter {id:?} is flagged wrongly as a group or not"
                 ));
@@ -1046,89 +983,304 @@ where
     /// of each of them and fits on each.
     fn grantable(&self, first: &Queued) -> bool {
         let keys = self.keys_of(first.waiter_id).unwrap_or_default();
-        ready(
-            &self.entries,
-            &self.records,
-            self.capacity,
-            first.waiter_id,
-            keys,
-        )
-        .is_some()
+        self.ledger
+            .ready(&self.entries, first.waiter_id, keys)
+            .is_some()
     }
 }
 
-/// Whether `permits` more fit in `entry` (invariant 3).
-fn fits(entry: &Entry, permits: Permits, capacity: NonZeroU32) -> bool {
-    entry.permits + permits.get() <= capacity.get()
+impl Entry {
+    /// Queues `waiter_id`, asking for `permits` (as one of several keys if `group`), and
+    /// counts it as a waiter of this key (invariants 2 and 4).
+    fn queue_waiter(&mut self, waiter_id: WaiterId, permits: Permits, group: bool) {
+        self.queue.push_back(Queued {
+            waiter_id,
+            permits,
+            group,
+        });
+        self.waiters += 1;
+    }
 }
 
-/// Makes a new holder of `permits` on `entry`, which has room for them, counts it, and
-/// returns its id and token.
-///
-/// Free functions over the table's fields, like this one, let a caller keep its borrow of the
-/// entry map while the records change.
-fn hold<K, D>(
-    entry: &mut Entry,
-    key: K,
-    permits: Permits,
-    counters: &mut Counters<'_, K, D>,
-) -> (WaiterId, u64) {
-    let fencing_token = next_token(counters.next_fencing_token);
-    let waiter_id = counters.records.insert(Record {
-        key,
-        state: RecordState::Holding { permits },
-    });
-    counters.permits.take(entry, permits);
-    *counters.holders += 1;
-    (waiter_id, fencing_token)
-}
+impl<K, D> Ledger<K, D> {
+    /// Whether `permits` more fit in `entry` (invariant 3).
+    #[inline]
+    fn fits(&self, entry: &Entry, permits: Permits) -> bool {
+        entry.permits + permits.get() <= self.capacity.get()
+    }
 
-/// Drops the tombstones from `entry`'s queue once they outnumber its live waiters by more
-/// than the slack (invariant 6). Amortized O(1) per cancel or grant.
-fn compact_queue<K, D>(entry: &mut Entry, records: &Records<Record<K, D>>) {
-    if entry.queue.len() > 2 * entry.waiters as usize + TOMBSTONE_SLACK {
+    /// Hands out the next fencing token (invariant 8). A `u64` does not wrap in practice: at
+    /// a billion grants a second it lasts 584 years.
+    fn next_token(&mut self) -> u64 {
+        let token = self.next_fencing_token;
+        self.next_fencing_token = token.saturating_add(1);
+        token
+    }
+
+    /// Makes a new holder of `permits` on `entry`, which has room for them, counts it, and
+    /// returns its id and token.
+    fn hold(&mut self, entry: &mut Entry, key: K, permits: Permits) -> (WaiterId, u64) {
+        let fencing_token = self.next_token();
+        let waiter_id = self.records.insert(Record {
+            key,
+            state: RecordState::Holding { permits },
+        });
+        self.counts.take(entry, permits);
+        self.counts.holders += 1;
+        (waiter_id, fencing_token)
+    }
+
+    /// Drops the tombstones from `entry`'s queue once they outnumber its live waiters by more
+    /// than the slack (invariant 6). Amortized O(1) per cancel or grant.
+    fn compact_queue(&self, entry: &mut Entry) {
+        if entry.queue.len() > 2 * entry.waiters as usize + TOMBSTONE_SLACK {
+            entry
+                .queue
+                .retain(|queued| self.records.contains(queued.waiter_id));
+        }
+    }
+
+    /// The first queued waiter of `entry` that is still waiting, skipping tombstones.
+    fn first_live<'e>(&self, entry: &'e Entry) -> Option<&'e Queued> {
         entry
             .queue
-            .retain(|queued| records.contains(queued.waiter_id));
+            .iter()
+            .find(|queued| self.records.contains(queued.waiter_id))
+    }
+
+    /// The keys of `waiter_id` if it asks for or holds several at once, taken out of the group
+    /// map. Free when no group is live: a single-key release then does no lookup here.
+    #[inline]
+    fn take_group(&mut self, waiter_id: WaiterId) -> Option<Box<[K]>> {
+        if self.groups.is_empty() {
+            return None;
+        }
+        self.groups.remove(&waiter_id)
+    }
+
+    /// Grants the first live waiter of `entry` if its permits fit, dropping tombstones on the
+    /// way, and counts it as a holder.
+    fn grant_next(&mut self, entry: &mut Entry) -> Next<D> {
+        while let Some(&Queued {
+            waiter_id,
+            permits,
+            group,
+        }) = entry.queue.front()
+        {
+            // A tombstone (cancelled waiter) has no record any more: skip it (invariant 4).
+            let Some(record) = self.records.get_mut(waiter_id) else {
+                entry.queue.pop_front();
+                continue;
+            };
+            // Fields rather than `fits` and `next_token`: the record stays borrowed, so one
+            // lookup serves the whole grant.
+            if entry.permits + permits.get() > self.capacity.get() {
+                return Next::Blocked;
+            }
+            if group {
+                return Next::GroupFirst(waiter_id);
+            }
+            let holding = RecordState::Holding { permits };
+            let RecordState::Waiting(delivery) = std::mem::replace(&mut record.state, holding)
+            else {
+                // Invariant 4 says queued live ids are waiting; a holder here would be a bug.
+                debug_assert!(false, "invariant 4: a holder in the queue");
+                entry.queue.pop_front();
+                continue;
+            };
+            let fencing_token = self.next_fencing_token;
+            self.next_fencing_token = fencing_token.saturating_add(1);
+            entry.queue.pop_front();
+            entry.waiters -= 1;
+            entry.permits += permits.get();
+            self.counts.waiting -= 1;
+            self.counts.holders += 1;
+            self.counts.permits_in_use += permits.get() as usize;
+            return Next::Granted(Grant {
+                waiter_id,
+                fencing_token,
+                delivery,
+            });
+        }
+        Next::Blocked
+    }
+
+    /// After a release or a cancel on the key whose entry is `entry`: grants the waiters at
+    /// the front of its queue that fit, in order, stopping at the first that does not (FIFO,
+    /// invariant 5) or at a request for several keys; then compacts the queue (invariant 6).
+    /// Takes the entry rather than its key, so that the caller keeps its one lookup.
+    fn grant_fitting(&mut self, entry: &mut Entry, granted: &mut Vec<Grant<D>>) -> Settled {
+        let was_held = entry.permits > 0;
+        let stop = loop {
+            match self.grant_next(entry) {
+                Next::Granted(grant) => granted.push(grant),
+                Next::Blocked => break None,
+                Next::GroupFirst(group) => break Some(group),
+            }
+        };
+        if !was_held && entry.permits > 0 {
+            self.counts.held_keys += 1;
+        }
+        self.compact_queue(entry);
+        match stop {
+            Some(group) => Settled::GroupFirst(group),
+            None => Settled::by_use(entry),
+        }
     }
 }
 
-/// Whether `permits` of every key of `keys` could be taken now: nobody waits for any of them
-/// and the permits fit on each (invariant 5).
-fn all_free<K: Hash + Eq>(
-    entries: &EntryMap<K>,
-    keys: &[K],
-    permits: Permits,
-    capacity: NonZeroU32,
-) -> bool {
-    keys.iter().all(|key| {
-        entries
-            .get(key)
-            .is_none_or(|entry| entry.waiters == 0 && fits(entry, permits, capacity))
-    })
-}
-
-/// Makes a new holder of `permits` on each of `keys`, which have room for them, counts it,
-/// and returns its id and token: one record and one token for all the keys (invariant 10).
-fn hold_all<K: Hash + Eq + Clone, D>(
-    entries: &mut EntryMap<K>,
-    keys: Box<[K]>,
-    permits: Permits,
-    counters: &mut Counters<'_, K, D>,
-) -> (WaiterId, u64) {
-    for key in &keys {
-        counters
-            .permits
-            .take(entries.entry(key.clone()).or_default(), permits);
+impl<K: Hash + Eq + Clone, D> Ledger<K, D> {
+    /// Whether `permits` of every key of `keys` could be taken now: nobody waits for any of
+    /// them and the permits fit on each (invariant 5).
+    fn all_free(&self, entries: &EntryMap<K>, keys: &[K], permits: Permits) -> bool {
+        keys.iter().all(|key| {
+            entries
+                .get(key)
+                .is_none_or(|entry| entry.waiters == 0 && self.fits(entry, permits))
+        })
     }
-    let fencing_token = next_token(counters.next_fencing_token);
-    let waiter_id = counters.records.insert(Record {
-        key: keys[0].clone(),
-        state: RecordState::Holding { permits },
-    });
-    *counters.holders += 1;
-    counters.groups.insert(waiter_id, keys);
-    (waiter_id, fencing_token)
+
+    /// Makes a new holder of `permits` on each of `keys`, which have room for them, counts
+    /// it, and returns its id and token: one record and one token for all the keys
+    /// (invariant 10).
+    fn hold_all(
+        &mut self,
+        entries: &mut EntryMap<K>,
+        keys: Box<[K]>,
+        permits: Permits,
+    ) -> (WaiterId, u64) {
+        for key in &keys {
+            self.counts
+                .take(entries.entry(key.clone()).or_default(), permits);
+        }
+        let fencing_token = self.next_token();
+        let waiter_id = self.records.insert(Record {
+            key: keys[0].clone(),
+            state: RecordState::Holding { permits },
+        });
+        self.counts.holders += 1;
+        self.groups.insert(waiter_id, keys);
+        (waiter_id, fencing_token)
+    }
+
+    /// Ends a hold of `permits` on each of `keys`, whose record is already gone and counted
+    /// off, then grants what now can be on each key; the step's grants take their tokens in
+    /// order of arrival.
+    fn release_group(
+        &mut self,
+        entries: &mut EntryMap<K>,
+        keys: &[K],
+        permits: Permits,
+        granted: &mut Vec<Grant<D>>,
+    ) {
+        let first_new = granted.len();
+        for key in keys {
+            let Some(entry) = entries.get_mut(key) else {
+                debug_assert!(false, "invariant 1: holder without entry");
+                continue;
+            };
+            self.counts.give_back(entry, permits);
+        }
+        for key in keys {
+            self.settle(entries, key, granted);
+        }
+        in_arrival_order(&mut granted[first_new..]);
+    }
+
+    /// Grants on `key` whatever now can be granted, requests for several keys included, and
+    /// removes its entry if nobody is left (invariant 1).
+    fn settle(&mut self, entries: &mut EntryMap<K>, key: &K, granted: &mut Vec<Grant<D>>) {
+        if let Some(entry) = entries.get_mut(key) {
+            let settled = self.grant_fitting(entry, granted);
+            self.finish(entries, key, settled, granted);
+        }
+    }
+
+    /// Does what `key`'s grant loop left to do: remove its entry if nobody is left
+    /// (invariant 1), or try the request for several keys at its front, and if that is
+    /// granted, settle the key again with what that grant left.
+    fn finish(
+        &mut self,
+        entries: &mut EntryMap<K>,
+        key: &K,
+        settled: Settled,
+        granted: &mut Vec<Grant<D>>,
+    ) {
+        match settled {
+            Settled::Unused => {
+                entries.remove(key);
+            }
+            Settled::InUse => {}
+            Settled::GroupFirst(group) => {
+                if self.grant_group(entries, group, granted) {
+                    self.settle(entries, key, granted);
+                }
+            }
+        }
+    }
+
+    /// Grants the request for several keys `group` if it is the first live waiter of each of
+    /// its keys and fits on each; otherwise changes nothing. Returns whether it was granted.
+    fn grant_group(
+        &mut self,
+        entries: &mut EntryMap<K>,
+        group: WaiterId,
+        granted: &mut Vec<Grant<D>>,
+    ) -> bool {
+        let Some(keys) = self.groups.get(&group) else {
+            debug_assert!(false, "invariant 10: a group in a queue without its keys");
+            return false;
+        };
+        let Some(permits) = self.ready(entries, group, keys) else {
+            return false;
+        };
+        let Some(record) = self.records.get_mut(group) else {
+            return false;
+        };
+        let RecordState::Waiting(delivery) =
+            std::mem::replace(&mut record.state, RecordState::Holding { permits })
+        else {
+            debug_assert!(false, "invariant 4: a holder in the queue");
+            return false;
+        };
+        for key in keys {
+            let Some(entry) = entries.get_mut(key) else {
+                continue;
+            };
+            // Tombstones, then the group itself: it is the first live waiter (checked above).
+            while let Some(front) = entry.queue.pop_front() {
+                if front.waiter_id == group {
+                    break;
+                }
+            }
+            entry.waiters -= 1;
+            self.counts.take(entry, permits);
+        }
+        self.counts.waiting -= 1;
+        self.counts.holders += 1;
+        let fencing_token = self.next_token();
+        granted.push(Grant {
+            waiter_id: group,
+            fencing_token,
+            delivery,
+        });
+        true
+    }
+
+    /// The permits `waiter_id` asks for, if it could be granted all of `keys` now: it is the
+    /// first live waiter of each and fits on each.
+    fn ready(&self, entries: &EntryMap<K>, waiter_id: WaiterId, keys: &[K]) -> Option<Permits> {
+        let mut permits = None;
+        for key in keys {
+            let entry = entries.get(key)?;
+            let first = self.first_live(entry)?;
+            if first.waiter_id != waiter_id || !self.fits(entry, first.permits) {
+                return None;
+            }
+            permits = Some(first.permits);
+        }
+        permits
+    }
 }
 
 /// Where a key stands after its grant loop.
@@ -1152,157 +1304,6 @@ impl Settled {
     }
 }
 
-/// After a release or a cancel on the key whose entry is `entry`: grants the waiters at the
-/// front of its queue that fit, in order, stopping at the first that does not (FIFO,
-/// invariant 5) or at a request for several keys; then compacts the queue (invariant 6).
-/// Takes the table's fields rather than the table, so that the caller keeps its one lookup of
-/// the entry.
-fn grant_fitting<K, D>(
-    entry: &mut Entry,
-    counters: &mut Counters<'_, K, D>,
-    granted: &mut Vec<Grant<D>>,
-) -> Settled {
-    let was_held = entry.permits > 0;
-    let stop = loop {
-        match grant_next(
-            entry,
-            counters.capacity,
-            counters.records,
-            counters.next_fencing_token,
-        ) {
-            Next::Granted(grant, permits) => {
-                *counters.waiting -= 1;
-                *counters.holders += 1;
-                *counters.permits.in_use += permits.get() as usize;
-                granted.push(grant);
-            }
-            Next::Blocked => break None,
-            Next::GroupFirst(group) => break Some(group),
-        }
-    };
-    if !was_held && entry.permits > 0 {
-        *counters.permits.held_keys += 1;
-    }
-    compact_queue(entry, counters.records);
-    match stop {
-        Some(group) => Settled::GroupFirst(group),
-        None => Settled::by_use(entry),
-    }
-}
-
-/// Grants on `key` whatever now can be granted, requests for several keys included, and
-/// removes its entry if nobody is left (invariant 1).
-fn settle<K: Hash + Eq, D>(
-    entries: &mut EntryMap<K>,
-    counters: &mut Counters<'_, K, D>,
-    key: &K,
-    granted: &mut Vec<Grant<D>>,
-) {
-    if let Some(entry) = entries.get_mut(key) {
-        let settled = grant_fitting(entry, counters, granted);
-        finish(entries, counters, key, settled, granted);
-    }
-}
-
-/// Does what `key`'s grant loop left to do: remove its entry if nobody is left (invariant 1),
-/// or try the request for several keys at its front, and if that is granted, settle the key
-/// again with what that grant left.
-fn finish<K: Hash + Eq, D>(
-    entries: &mut EntryMap<K>,
-    counters: &mut Counters<'_, K, D>,
-    key: &K,
-    settled: Settled,
-    granted: &mut Vec<Grant<D>>,
-) {
-    match settled {
-        Settled::Unused => {
-            entries.remove(key);
-        }
-        Settled::InUse => {}
-        Settled::GroupFirst(group) => {
-            if grant_group(entries, counters, group, granted) {
-                settle(entries, counters, key, granted);
-            }
-        }
-    }
-}
-
-/// Grants the request for several keys `group` if it is the first live waiter of each of its
-/// keys and fits on each; otherwise changes nothing. Returns whether it was granted.
-fn grant_group<K: Hash + Eq, D>(
-    entries: &mut EntryMap<K>,
-    counters: &mut Counters<'_, K, D>,
-    group: WaiterId,
-    granted: &mut Vec<Grant<D>>,
-) -> bool {
-    let Some(keys) = counters.groups.get(&group) else {
-        debug_assert!(false, "invariant 10: a group in a queue without its keys");
-        return false;
-    };
-    let Some(permits) = ready(entries, counters.records, counters.capacity, group, keys) else {
-        return false;
-    };
-    let Some(record) = counters.records.get_mut(group) else {
-        return false;
-    };
-    let RecordState::Waiting(delivery) =
-        std::mem::replace(&mut record.state, RecordState::Holding { permits })
-    else {
-        debug_assert!(false, "invariant 4: a holder in the queue");
-        return false;
-    };
-    for key in keys {
-        let Some(entry) = entries.get_mut(key) else {
-            continue;
-        };
-        // Tombstones, then the group itself: it is the first live waiter (checked above).
-        while let Some(front) = entry.queue.pop_front() {
-            if front.waiter_id == group {
-                break;
-            }
-        }
-        entry.waiters -= 1;
-        counters.permits.take(entry, permits);
-    }
-    *counters.waiting -= 1;
-    *counters.holders += 1;
-    granted.push(Grant {
-        waiter_id: group,
-        fencing_token: next_token(counters.next_fencing_token),
-        delivery,
-    });
-    true
-}
-
-/// The permits `waiter_id` asks for, if it could be granted all of `keys` now: it is the first
-/// live waiter of each and fits on each.
-fn ready<K: Hash + Eq, D>(
-    entries: &EntryMap<K>,
-    records: &Records<Record<K, D>>,
-    capacity: NonZeroU32,
-    waiter_id: WaiterId,
-    keys: &[K],
-) -> Option<Permits> {
-    let mut permits = None;
-    for key in keys {
-        let entry = entries.get(key)?;
-        let first = first_live(entry, records)?;
-        if first.waiter_id != waiter_id || !fits(entry, first.permits, capacity) {
-            return None;
-        }
-        permits = Some(first.permits);
-    }
-    permits
-}
-
-/// The first queued waiter of `entry` that is still waiting, skipping tombstones.
-fn first_live<'e, K, D>(entry: &'e Entry, records: &Records<Record<K, D>>) -> Option<&'e Queued> {
-    entry
-        .queue
-        .iter()
-        .find(|queued| records.contains(queued.waiter_id))
-}
-
 /// Puts the grants of one step in order of arrival, with its tokens in increasing order.
 ///
 /// A step that touches several keys (the release or cancel of a request for several keys)
@@ -1322,72 +1323,20 @@ fn in_arrival_order<D>(grants: &mut [Grant<D>]) {
 /// What the grant loop found at the front of a queue.
 enum Next<D> {
     /// The first live waiter fit and holds the key now.
-    Granted(Grant<D>, Permits),
+    Granted(Grant<D>),
     /// The queue is empty, or its first live waiter does not fit.
     Blocked,
     /// The first live waiter asks for several keys and fits on this one.
     GroupFirst(WaiterId),
 }
 
-/// Grants the first live waiter of `entry` if its permits fit, dropping tombstones on the way.
-fn grant_next<K, D>(
-    entry: &mut Entry,
-    capacity: NonZeroU32,
-    records: &mut Records<Record<K, D>>,
-    next_fencing_token: &mut u64,
-) -> Next<D> {
-    while let Some(&Queued {
-        waiter_id,
-        permits,
-        group,
-    }) = entry.queue.front()
-    {
-        // A tombstone (cancelled waiter) has no record any more: skip it (invariant 4).
-        let Some(record) = records.get_mut(waiter_id) else {
-            entry.queue.pop_front();
-            continue;
-        };
-        if !fits(entry, permits, capacity) {
-            return Next::Blocked;
-        }
-        if group {
-            return Next::GroupFirst(waiter_id);
-        }
-        entry.queue.pop_front();
-        let fencing_token = next_token(next_fencing_token);
-        let holding = RecordState::Holding { permits };
-        let RecordState::Waiting(delivery) = std::mem::replace(&mut record.state, holding) else {
-            // Invariant 4 says queued live ids are waiting; a holder here would be a bug.
-            debug_assert!(false, "invariant 4: a holder in the queue");
-            continue;
-        };
-        entry.waiters -= 1;
-        entry.permits += permits.get();
-        let grant = Grant {
-            waiter_id,
-            fencing_token,
-            delivery,
-        };
-        return Next::Granted(grant, permits);
-    }
-    Next::Blocked
-}
-
-/// Hands out the next fencing token (invariant 8). A `u64` does not wrap in practice: at a
-/// billion grants a second it lasts 584 years.
-fn next_token(next_fencing_token: &mut u64) -> u64 {
-    let token = *next_fencing_token;
-    *next_fencing_token = token.saturating_add(1);
-    token
-}
-
 impl<K: fmt::Debug, D> fmt::Debug for LockTable<K, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockTable")
             .field("keys", &self.entries.len())
-            .field("held", &self.held_keys)
-            .field("waiting", &self.waiting)
-            .field("next_fencing_token", &self.next_fencing_token)
+            .field("held", &self.ledger.counts.held_keys)
+            .field("waiting", &self.ledger.counts.waiting)
+            .field("next_fencing_token", &self.ledger.next_fencing_token)
             .finish_non_exhaustive()
     }
 }
