@@ -225,6 +225,7 @@ mod runtime;
 #[cfg(feature = "postgres")]
 mod cluster;
 
+mod builder;
 mod error;
 mod guard;
 pub mod messages;
@@ -234,7 +235,7 @@ mod registry;
 
 pub use pure::{journal, replay, table, trace};
 use pure::{overdue, stats};
-use runtime::{actor, execution, owner, pending, request, router, shard, stall, sync};
+use runtime::{actor, owner, pending, request, router, shard, stall, sync};
 
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -245,16 +246,16 @@ use std::hash::Hash;
 pub struct ReadmeDoctests;
 
 pub use actor::RegistryActor;
+pub use builder::{Execution, RegistryBuilder};
 #[cfg(feature = "postgres")]
 pub use cluster::{ClusterBuilder, ClusterError, ClusterGuard, ClusterRegistry};
 pub use error::{
     AcquireError, JournalError, LockError, PermitsError, TryAcquireError, TryLockError,
     TryPermitsError,
 };
-pub use execution::Execution;
 pub use guard::KeyGuard;
 pub use multi_guard::MultiGuard;
-pub use registry::{LockRegistry, RegistryBuilder};
+pub use registry::LockRegistry;
 pub use stats::RegistryStats;
 
 /// What a key must be: hashable, comparable, cloneable, printable for `tracing`, and movable

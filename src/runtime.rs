@@ -1,11 +1,10 @@
 //! The owner of each shard's table at run time: the shard and the lock its steps run under
 //! (`shard`), the owner's one step (`owner`), the requests (`request`), the waiters' pending
-//! grants (`pending`), who runs the steps (`execution`), the kameo actor (`actor`), the shard
+//! grants (`pending`), the kameo actor (`actor`), the shard
 //! router (`router`), the stall warnings (`stall`), the shard's metrics (`metrics`), and the
 //! lock type that loom swaps (`sync`).
 
 pub(crate) mod actor;
-pub(crate) mod execution;
 #[cfg(all(test, loom))]
 mod loom_models;
 pub(crate) mod metrics;

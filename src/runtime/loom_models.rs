@@ -14,7 +14,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 
-use crate::execution::Execution;
+use crate::builder::Execution;
 use crate::owner::{Owner, OwnerConfig};
 use crate::pending::{Granted, NotGranted, PendingKey};
 use crate::request::{Delivery, Outcome, Request};

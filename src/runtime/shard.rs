@@ -42,7 +42,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::LockKey;
-use crate::execution::Execution;
+use crate::builder::Execution;
 use crate::journal::Journal;
 use crate::owner::{Effects, Owner};
 use crate::pending::{Granted, NotGranted, PendingKey, Undo};
