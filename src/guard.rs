@@ -1,12 +1,10 @@
 //! [`KeyGuard`], the proof of holding a key.
 
 use std::fmt;
-use std::sync::Arc;
 
 use crate::LockKey;
 use crate::observe::Acquisition;
-use crate::shard::Shard;
-use crate::table::WaiterId;
+use crate::shard::HeldGrant;
 
 /// Holds one key of a [`LockRegistry`](crate::LockRegistry) until dropped.
 ///
@@ -31,40 +29,17 @@ pub struct KeyGuard<K: LockKey> {
     _acquisition: Acquisition,
 }
 
-/// One grant of a registry shard, released when dropped: the part of a guard that ends the
-/// hold. [`KeyGuard`] has one; a [`MultiGuard`](crate::MultiGuard) has one per shard.
-#[clippy::has_significant_drop]
-pub(crate) struct HeldGrant<K: LockKey> {
-    waiter_id: WaiterId,
-    /// The shard that granted it; one reference count, taken once per grant.
-    shard: Arc<Shard<K>>,
-}
-
-impl<K: LockKey> HeldGrant<K> {
-    pub(crate) fn new(waiter_id: WaiterId, shard: Arc<Shard<K>>) -> Self {
-        HeldGrant { waiter_id, shard }
-    }
-}
-
-impl<K: LockKey> Drop for HeldGrant<K> {
-    fn drop(&mut self) {
-        // Never awaits: waits only for the shard's lock, the length of one step.
-        self.shard.release(self.waiter_id);
-    }
-}
-
 impl<K: LockKey> KeyGuard<K> {
     pub(crate) fn new(
         key: K,
-        waiter_id: WaiterId,
         fencing_token: u64,
-        shard: Arc<Shard<K>>,
+        held: HeldGrant<K>,
         acquisition: Acquisition,
     ) -> Self {
         KeyGuard {
             key,
             fencing_token,
-            _held: HeldGrant::new(waiter_id, shard),
+            _held: held,
             _acquisition: acquisition,
         }
     }

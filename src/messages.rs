@@ -38,9 +38,17 @@
 //! [`LockRegistry::actor_ref_for`]: crate::LockRegistry::actor_ref_for
 
 use kameo::error::Infallible;
-use kameo::reply::{Reply, ReplyError};
+use kameo::message::{Context, Message};
+use kameo::reply::{DelegatedReply, Reply, ReplyError};
+use tracing::debug;
 
+use crate::LockKey;
+use crate::actor::RegistryActor;
+use crate::error::{AcquireError, TryAcquireError};
+use crate::guard::KeyGuard;
 use crate::journal::Journal;
+use crate::observe::{Acquisition, OWNER_TARGET};
+use crate::request::{Delivery, MessageGrant, Outcome, Request};
 use crate::stats::RegistryStats;
 
 /// Waits for `key` and replies with its [`KeyGuard`](crate::KeyGuard) once granted (FIFO).
@@ -77,6 +85,135 @@ pub struct GetStats;
 /// with [`RegistryBuilder::journal`](crate::RegistryBuilder::journal)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GetJournal;
+
+// The handlers: each takes the shard's lock once, after what was queued before (see
+// "Ordering with the handle's calls" above).
+
+impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
+    type Reply = DelegatedReply<Result<KeyGuard<K>, AcquireError>>;
+
+    async fn handle(
+        &mut self,
+        Acquire { key }: Acquire<K>,
+        ctx: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        let (delegated, reply) = ctx.reply_sender();
+        let Some(reply) = reply else {
+            debug!(
+                target: OWNER_TARGET,
+                ?key,
+                "acquire sent with tell has nobody to grant to: ignored"
+            );
+            return delegated;
+        };
+        let Some(shard) = self.shard() else {
+            reply.send(Err(AcquireError::Closed));
+            return delegated;
+        };
+        // The reply goes out after the lock is let go, unless the step keeps it to answer
+        // when the key is granted. A closed shard drops the request, and with it the reply:
+        // the asker then learns that the registry is gone.
+        let answered = shard.with_state(|state, effects| {
+            if !state.owner().owns(&key) {
+                debug!(target: OWNER_TARGET, ?key, "acquire sent to the wrong shard: refused");
+                return Some(reply);
+            }
+            let delivery = Delivery::Message(Box::new(Box::new(move |grant: Option<_>| {
+                reply.send(grant.map(guard_of).ok_or(AcquireError::Closed))
+            })));
+            state
+                .step(
+                    Request::Acquire {
+                        key,
+                        permits: None,
+                        delivery,
+                    },
+                    effects,
+                )
+                .discard();
+            None
+        });
+        if let Some(Some(reply)) = answered {
+            reply.send(Err(AcquireError::WrongShard));
+        }
+        delegated
+    }
+}
+
+impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
+    // Delegated rather than a plain `Result`: kameo stops an actor whose handler returns `Err`
+    // to a `tell`, and a busy key must not stop the registry.
+    type Reply = DelegatedReply<Result<KeyGuard<K>, TryAcquireError>>;
+
+    async fn handle(
+        &mut self,
+        TryAcquire { key }: TryAcquire<K>,
+        ctx: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        let reply = self
+            .shard()
+            .and_then(|shard| {
+                shard.with_state(|state, effects| {
+                    if !state.owner().owns(&key) {
+                        debug!(target: OWNER_TARGET, ?key, "try acquire sent to the wrong shard: refused");
+                        return Err(TryAcquireError::WrongShard);
+                    }
+                    let request = Request::TryAcquire {
+                        key,
+                        permits: None,
+                        delivery: Delivery::Caller,
+                    };
+                    match state.step(request, effects) {
+                        // No guard only if no handle or guard is left: the registry is about
+                        // to stop.
+                        Outcome::Granted(granted) => state
+                            .owner()
+                            .message_grant(granted.waiter_id, granted.fencing_token)
+                            .map(guard_of)
+                            .ok_or(TryAcquireError::Closed),
+                        _ => Err(TryAcquireError::WouldBlock),
+                    }
+                })
+            })
+            .unwrap_or(Err(TryAcquireError::Closed));
+        // With `tell` there is no reply sender: the guard is dropped here and releases.
+        ctx.reply(reply)
+    }
+}
+
+impl<K: LockKey> Message<GetStats> for RegistryActor<K> {
+    type Reply = RegistryStats;
+
+    async fn handle(&mut self, _: GetStats, _: &mut Context<Self, RegistryStats>) -> RegistryStats {
+        self.with_owner(|owner, _| owner.stats())
+            .unwrap_or_default()
+    }
+}
+
+impl<K: LockKey> Message<GetJournal> for RegistryActor<K> {
+    type Reply = Journal<K>;
+
+    async fn handle(&mut self, _: GetJournal, _: &mut Context<Self, Journal<K>>) -> Journal<K> {
+        match self.step(Request::Journal { reply: None }) {
+            Some(Outcome::Journal(journal)) => journal,
+            _ => self
+                .shard()
+                .and_then(|shard| shard.final_journal())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// The guard for a grant to a message. A message has no acquisition span: only the handle's
+/// calls do.
+fn guard_of<K: LockKey>(grant: MessageGrant<K>) -> KeyGuard<K> {
+    KeyGuard::new(
+        grant.key,
+        grant.fencing_token,
+        grant.held,
+        Acquisition::default(),
+    )
+}
 
 /// Implements kameo's `Reply` for a type returned as is, as kameo's `#[derive(Reply)]` would;
 /// written out to spare the crate kameo's proc-macro dependency.

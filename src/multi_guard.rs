@@ -3,8 +3,8 @@
 use std::fmt;
 
 use crate::LockKey;
-use crate::guard::HeldGrant;
 use crate::observe::Acquisition;
+use crate::shard::HeldGrant;
 
 /// Holds every key of a [`lock_all`](crate::LockRegistry::lock_all) or
 /// [`try_lock_all`](crate::LockRegistry::try_lock_all) until dropped, then releases them all.

@@ -12,7 +12,7 @@ use crate::LockKey;
 use crate::actor::{RegistryActor, RegistryConfig};
 use crate::builder::{RegistryBuilder, RegistrySettings};
 use crate::error::{JournalError, LockError, PermitsError, TryLockError, TryPermitsError};
-use crate::guard::{HeldGrant, KeyGuard};
+use crate::guard::KeyGuard;
 use crate::journal::Journal;
 use crate::multi_guard::MultiGuard;
 use crate::observe::{Acquisition, CallKind};
@@ -21,7 +21,7 @@ use crate::pending::{Granted, NotGranted};
 use crate::request::{Delivery, Outcome, Request};
 use crate::router::ShardRouter;
 use crate::runtime::metrics::Histograms;
-use crate::shard::{GrantFuture, Shard};
+use crate::shard::{GrantFuture, HeldGrant, Shard};
 use crate::stall;
 use crate::stats::RegistryStats;
 use crate::table::{KeySet, Permits};
@@ -960,13 +960,7 @@ impl<K: LockKey> ShardHandle<K> {
     #[inline]
     fn guard(&self, key: K, granted: Granted, mut acquisition: Acquisition) -> KeyGuard<K> {
         acquisition.granted(granted.fencing_token);
-        KeyGuard::new(
-            key,
-            granted.waiter_id,
-            granted.fencing_token,
-            Arc::clone(&self.shard),
-            acquisition,
-        )
+        KeyGuard::new(key, granted.fencing_token, self.held(granted), acquisition)
     }
 
     /// The shard's journal; after a close, as it was when the shard closed.

@@ -15,28 +15,21 @@
 
 use std::fmt;
 use std::future::poll_fn;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::task::Poll;
 
 use kameo::Actor;
 use kameo::actor::{ActorRef, WeakActorRef};
 use kameo::error::{ActorStopReason, Infallible};
 use kameo::mailbox::{MailboxReceiver, Signal};
-use kameo::message::{Context, Message};
-use kameo::reply::DelegatedReply;
 use tokio::sync::mpsc::error::TryRecvError;
 use tracing::debug;
 
 use crate::LockKey;
-use crate::error::{AcquireError, TryAcquireError};
-use crate::guard::KeyGuard;
-use crate::journal::Journal;
-use crate::messages::{Acquire, GetJournal, GetStats, TryAcquire};
 use crate::observe::OWNER_TARGET;
 use crate::owner::{Effects, Owner};
-use crate::request::{Delivery, Outcome, Request};
+use crate::request::{Outcome, Request};
 use crate::shard::{Shard, Work};
-use crate::stats::RegistryStats;
 
 /// The kameo actor behind a [`LockRegistry`](crate::LockRegistry). Its state is private; talk
 /// to it through the registry or through the public [`messages`](crate::messages).
@@ -68,16 +61,24 @@ impl<K: LockKey> RegistryActor<K> {
         }
     }
 
+    /// The shard it serves, unless it is gone with the last handle and guard.
+    pub(crate) fn shard(&self) -> Option<Arc<Shard<K>>> {
+        self.shard.upgrade()
+    }
+
     /// Serves what is queued, then runs `f` on the owner, under the shard's lock. `None` if
     /// the shard is closed or gone.
-    fn with_owner<T>(&self, f: impl FnOnce(&mut Owner<K>, &mut Effects<K>) -> T) -> Option<T> {
+    pub(crate) fn with_owner<T>(
+        &self,
+        f: impl FnOnce(&mut Owner<K>, &mut Effects<K>) -> T,
+    ) -> Option<T> {
         self.shard
             .upgrade()?
             .with_state(|state, effects| f(state.owner(), effects))
     }
 
     /// Runs `request` as a step, after what is queued. `None` if the shard is closed or gone.
-    fn step(&self, request: Request<K>) -> Option<Outcome<K>> {
+    pub(crate) fn step(&self, request: Request<K>) -> Option<Outcome<K>> {
         self.shard
             .upgrade()?
             .with_state(|state, effects| state.step(request, effects))
@@ -179,122 +180,6 @@ impl<K: LockKey> Drop for RegistryActor<K> {
         // registry is closed all the same, so no waiter hangs.
         if let Some(shard) = self.shard.upgrade() {
             shard.close();
-        }
-    }
-}
-
-impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
-    type Reply = DelegatedReply<Result<KeyGuard<K>, AcquireError>>;
-
-    async fn handle(
-        &mut self,
-        Acquire { key }: Acquire<K>,
-        ctx: &mut Context<Self, Self::Reply>,
-    ) -> Self::Reply {
-        let (delegated, reply) = ctx.reply_sender();
-        let Some(reply) = reply else {
-            debug!(
-                target: OWNER_TARGET,
-                ?key,
-                "acquire sent with tell has nobody to grant to: ignored"
-            );
-            return delegated;
-        };
-        let Some(shard) = self.shard.upgrade() else {
-            reply.send(Err(AcquireError::Closed));
-            return delegated;
-        };
-        // The reply goes out after the lock is let go, unless the step keeps it to answer
-        // when the key is granted. A closed shard drops the request, and with it the reply:
-        // the asker then learns that the registry is gone.
-        let answered = shard.with_state(|state, effects| {
-            if !state.owner().owns(&key) {
-                debug!(target: OWNER_TARGET, ?key, "acquire sent to the wrong shard: refused");
-                return Some(reply);
-            }
-            let delivery = Delivery::Message(Box::new(Box::new(move |guard: Option<_>| {
-                reply.send(guard.ok_or(AcquireError::Closed))
-            })));
-            state
-                .step(
-                    Request::Acquire {
-                        key,
-                        permits: None,
-                        delivery,
-                    },
-                    effects,
-                )
-                .discard();
-            None
-        });
-        if let Some(Some(reply)) = answered {
-            reply.send(Err(AcquireError::WrongShard));
-        }
-        delegated
-    }
-}
-
-impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
-    // Delegated rather than a plain `Result`: kameo stops an actor whose handler returns `Err`
-    // to a `tell`, and a busy key must not stop the registry.
-    type Reply = DelegatedReply<Result<KeyGuard<K>, TryAcquireError>>;
-
-    async fn handle(
-        &mut self,
-        TryAcquire { key }: TryAcquire<K>,
-        ctx: &mut Context<Self, Self::Reply>,
-    ) -> Self::Reply {
-        let reply = self
-            .shard
-            .upgrade()
-            .and_then(|shard| {
-                shard.with_state(|state, effects| {
-                    if !state.owner().owns(&key) {
-                        debug!(target: OWNER_TARGET, ?key, "try acquire sent to the wrong shard: refused");
-                        return Err(TryAcquireError::WrongShard);
-                    }
-                    let request = Request::TryAcquire {
-                        key,
-                        permits: None,
-                        delivery: Delivery::Caller,
-                    };
-                    match state.step(request, effects) {
-                        // No guard only if no handle or guard is left: the registry is about
-                        // to stop.
-                        Outcome::Granted(granted) => state
-                            .owner()
-                            .guard_for_message(granted.waiter_id, granted.fencing_token)
-                            .ok_or(TryAcquireError::Closed),
-                        _ => Err(TryAcquireError::WouldBlock),
-                    }
-                })
-            })
-            .unwrap_or(Err(TryAcquireError::Closed));
-        // With `tell` there is no reply sender: the guard is dropped here and releases.
-        ctx.reply(reply)
-    }
-}
-
-impl<K: LockKey> Message<GetStats> for RegistryActor<K> {
-    type Reply = RegistryStats;
-
-    async fn handle(&mut self, _: GetStats, _: &mut Context<Self, RegistryStats>) -> RegistryStats {
-        self.with_owner(|owner, _| owner.stats())
-            .unwrap_or_default()
-    }
-}
-
-impl<K: LockKey> Message<GetJournal> for RegistryActor<K> {
-    type Reply = Journal<K>;
-
-    async fn handle(&mut self, _: GetJournal, _: &mut Context<Self, Journal<K>>) -> Journal<K> {
-        match self.step(Request::Journal { reply: None }) {
-            Some(Outcome::Journal(journal)) => journal,
-            _ => self
-                .shard
-                .upgrade()
-                .and_then(|shard| shard.final_journal())
-                .unwrap_or_default(),
         }
     }
 }

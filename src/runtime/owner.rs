@@ -17,14 +17,13 @@ use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use crate::LockKey;
-use crate::guard::KeyGuard;
 use crate::journal::{Journal, JournaledTable};
-use crate::observe::{Acquisition, OWNER_TARGET};
+use crate::observe::OWNER_TARGET;
 use crate::pending::{Granted, PendingGrants, PendingKey};
-use crate::request::{Delivery, MessageReply, Outcome, Request};
+use crate::request::{Delivery, MessageGrant, MessageReply, Outcome, Request};
 use crate::router::ShardRouter;
 use crate::runtime::metrics::ShardMetrics;
-use crate::shard::Shard;
+use crate::shard::{HeldGrant, Shard};
 use crate::stall::{StallThresholds, StallWatch};
 use crate::stats::RegistryStats;
 use crate::table::{Acquired, Grant, KeySet, Permits, WaiterId, WouldBlock};
@@ -81,7 +80,7 @@ struct MoreEffects<K: LockKey> {
     replies: Vec<MessageReplyDue<K>>,
 }
 
-type MessageReplyDue<K> = (MessageReply<K>, Option<KeyGuard<K>>);
+type MessageReplyDue<K> = (MessageReply<K>, Option<MessageGrant<K>>);
 
 impl<K: LockKey> Effects<K> {
     #[inline]
@@ -109,8 +108,8 @@ impl<K: LockKey> Effects<K> {
         })
     }
 
-    fn reply(&mut self, reply: MessageReply<K>, guard: Option<KeyGuard<K>>) {
-        self.more().replies.push((reply, guard));
+    fn reply(&mut self, reply: MessageReply<K>, grant: Option<MessageGrant<K>>) {
+        self.more().replies.push((reply, grant));
     }
 
     /// Wakes every task and sends every reply, in the order the steps left them.
@@ -134,9 +133,9 @@ impl<K: LockKey> Drop for Effects<K> {
         if let Some(more) = self.more.take() {
             let MoreEffects { wakes, replies } = *more;
             wakes.into_iter().for_each(Waker::wake);
-            for (reply, guard) in replies {
+            for (reply, grant) in replies {
                 // If the asker is gone, kameo drops the guard, whose drop releases the key.
-                reply(guard);
+                reply(grant);
             }
         }
     }
@@ -436,33 +435,29 @@ impl<K: LockKey> Owner<K> {
                 }
             },
             Delivery::Message(reply) => {
-                let guard = self.guard_for_message(waiter_id, fencing_token);
-                effects.reply(*reply, guard);
+                let grant = self.message_grant(waiter_id, fencing_token);
+                effects.reply(*reply, grant);
             }
         }
         None
     }
 
-    /// The guard for a grant made to a kameo message, with its registry-wide fencing token;
-    /// `None` if no handle and no guard is left to release with (the registry is about to
-    /// stop). The grant is then released here, so no key stays held by a guard never made.
-    pub(crate) fn guard_for_message(
+    /// A grant made to a kameo message, with its registry-wide fencing token, for the
+    /// message's handler to make a guard of; `None` if no handle and no guard is left to
+    /// release with (the registry is about to stop). The grant is then released here, so no
+    /// key stays held by a guard never made.
+    pub(crate) fn message_grant(
         &mut self,
         waiter_id: WaiterId,
         fencing_token: u64,
-    ) -> Option<KeyGuard<K>> {
+    ) -> Option<MessageGrant<K>> {
         let key = self.table.table().key_of(waiter_id).cloned();
         match (key, self.shard_ref.upgrade()) {
-            (Some(key), Some(shard)) => {
-                // A kameo message has no acquisition span: only the handle's calls do.
-                Some(KeyGuard::new(
-                    key,
-                    waiter_id,
-                    fencing_token,
-                    shard,
-                    Acquisition::default(),
-                ))
-            }
+            (Some(key), Some(shard)) => Some(MessageGrant {
+                key,
+                fencing_token,
+                held: HeldGrant::new(waiter_id, shard),
+            }),
             _ => {
                 self.release(waiter_id);
                 None

@@ -8,11 +8,11 @@
 use tokio::sync::oneshot;
 
 use crate::LockKey;
-use crate::guard::KeyGuard;
 use crate::journal::Journal;
 #[cfg(feature = "postgres")]
 use crate::journal::JournalEvent;
 use crate::pending::{Granted, PendingKey};
+use crate::shard::HeldGrant;
 use crate::stats::RegistryStats;
 use crate::table::{KeySet, Permits, WaiterId};
 
@@ -103,11 +103,19 @@ pub(crate) enum Delivery<K: LockKey> {
     Message(Box<MessageReply<K>>),
 }
 
-/// Sends the reply to an `ask(Acquire)`: the guard, or `None` if the registry closed first. A
-/// trait object rather than kameo's `ReplySender` itself: the reply holds a guard, the guard
-/// the shard and the shard this delivery, and only a `dyn ... + Send` lets the compiler see
-/// that such a cycle is `Send`.
-pub(crate) type MessageReply<K> = Box<dyn FnOnce(Option<KeyGuard<K>>) + Send>;
+/// Sends the reply to an `ask(Acquire)`: the grant, made into a guard by the message's
+/// handler, or `None` if the registry closed first. A trait object rather than kameo's
+/// `ReplySender` itself: the reply holds a guard, the guard the shard and the shard this
+/// delivery, and only a `dyn ... + Send` lets the compiler see that such a cycle is `Send`.
+pub(crate) type MessageReply<K> = Box<dyn FnOnce(Option<MessageGrant<K>>) + Send>;
+
+/// A grant to a kameo message, handed up for its handler to make a guard of. Its hold
+/// releases the key if it is dropped on the way (the asker gone, or the reply never sent).
+pub(crate) struct MessageGrant<K: LockKey> {
+    pub(crate) key: K,
+    pub(crate) fencing_token: u64,
+    pub(crate) held: HeldGrant<K>,
+}
 
 impl<K: LockKey> std::fmt::Debug for Delivery<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

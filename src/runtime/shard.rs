@@ -36,6 +36,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -401,6 +402,28 @@ impl<K: LockKey> Drop for Shard<K> {
         if let Some(actor) = actor {
             actor.wake();
         }
+    }
+}
+
+/// One grant of a registry shard, released when dropped: the part of a guard that ends the
+/// hold. A [`KeyGuard`](crate::KeyGuard) has one; a [`MultiGuard`](crate::MultiGuard) has one per shard.
+#[clippy::has_significant_drop]
+pub(crate) struct HeldGrant<K: LockKey> {
+    waiter_id: WaiterId,
+    /// The shard that granted it; one reference count, taken once per grant.
+    shard: Arc<Shard<K>>,
+}
+
+impl<K: LockKey> HeldGrant<K> {
+    pub(crate) fn new(waiter_id: WaiterId, shard: Arc<Shard<K>>) -> Self {
+        HeldGrant { waiter_id, shard }
+    }
+}
+
+impl<K: LockKey> Drop for HeldGrant<K> {
+    fn drop(&mut self) {
+        // Never awaits: waits only for the shard's lock, the length of one step.
+        self.shard.release(self.waiter_id);
     }
 }
 
