@@ -54,7 +54,8 @@ use crate::stats::RegistryStats;
 /// Waits for `key` and replies with its [`KeyGuard`](crate::KeyGuard) once granted (FIFO).
 ///
 /// Send it with `ask`; an `Acquire` sent with `tell` has nobody to grant to and is ignored.
-/// The reply is `Err(LockError::Closed)` if the registry stops first.
+/// The reply is [`Err(AcquireError::Closed)`](AcquireError::Closed) if the registry stops first,
+/// and [`AcquireError::WrongShard`] if the key belongs to another shard's actor.
 ///
 /// # Cancel safety
 ///
@@ -70,7 +71,8 @@ pub struct Acquire<K> {
 }
 
 /// Takes `key` if it is free and replies with its [`KeyGuard`](crate::KeyGuard), or with
-/// [`TryLockError::WouldBlock`](crate::TryLockError::WouldBlock) at once.
+/// [`TryAcquireError::WouldBlock`] at once ([`TryAcquireError::Closed`] once the registry has
+/// stopped, [`TryAcquireError::WrongShard`] for another shard's key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TryAcquire<K> {
     /// The key to lock.

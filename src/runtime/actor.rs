@@ -8,8 +8,8 @@
 //!
 //! The actor is also what kameo sees: its mailbox carries the public
 //! [`messages`](crate::messages) and kameo's own signals (stop), polled whenever the actor waits
-//! and looked at between shares of work. Every message handler takes the shard's lock and
-//! first serves whatever is queued, so whatever was sent before is handled first. Its
+//! and looked at between shares of work. Every message handler (beside the messages, in
+//! `messages.rs`) takes the shard's lock and first serves whatever is queued, so whatever was sent before is handled first. Its
 //! lifecycle is the registry's: when it stops, for any reason, it closes the shard and every
 //! waiter gets `Closed`; and it stops by itself once every handle and guard is gone.
 
