@@ -123,7 +123,7 @@ const TOMBSTONE_SLACK: usize = 16;
 /// The pure, synchronous per-key lock state machine. See the [module docs](self).
 ///
 /// Two parts, so that a step can change one key's entry and everything else at once (two
-/// fields borrow apart): the entry map, and the [`Ledger`] of acquirers and counts.
+/// fields borrow apart): the entry map, and the `Ledger` of acquirers and counts.
 pub struct LockTable<K, D> {
     /// Keyed with foldhash rather than std's SipHash: every step hashes, and SipHash trades
     /// speed for resistance to chosen keys (`docs/performance-log.md` has the profile that
