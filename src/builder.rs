@@ -230,7 +230,7 @@ impl<K: LockKey> RegistryBuilder<K> {
     ///
     /// The actor's mailbox (and, in actor mode, the shard's queue) is unbounded, so that a
     /// guard's drop never waits for room and never loses its release. The actor runs without
-    /// supervision and is never restarted (see [`RegistryActor`]).
+    /// supervision and is never restarted (see [`RegistryActor`](crate::RegistryActor)).
     ///
     /// # Panics
     ///
