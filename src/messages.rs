@@ -51,7 +51,7 @@ use crate::observe::{Acquisition, OWNER_TARGET};
 use crate::request::{Delivery, MessageGrant, Outcome, Request};
 use crate::stats::RegistryStats;
 
-/// Waits for `key` and replies with its [`KeyGuard`](crate::KeyGuard) once granted (FIFO).
+/// Waits for `key` and replies with its [`KeyGuard`] once granted (FIFO).
 ///
 /// Send it with `ask`; an `Acquire` sent with `tell` has nobody to grant to and is ignored.
 /// The reply is [`Err(AcquireError::Closed)`](AcquireError::Closed) if the registry stops first,
@@ -70,7 +70,7 @@ pub struct Acquire<K> {
     pub key: K,
 }
 
-/// Takes `key` if it is free and replies with its [`KeyGuard`](crate::KeyGuard), or with
+/// Takes `key` if it is free and replies with its [`KeyGuard`], or with
 /// [`TryAcquireError::WouldBlock`] at once ([`TryAcquireError::Closed`] once the registry has
 /// stopped, [`TryAcquireError::WrongShard`] for another shard's key).
 #[derive(Debug, Clone, PartialEq, Eq)]
