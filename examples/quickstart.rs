@@ -1,4 +1,4 @@
-//! The seed's scenario: two tasks serialize their requests for user 42, and no lock is left in
+//! Two tasks serialize their requests for user 42, and no lock is left in
 //! memory afterwards.
 //!
 //! Run with `cargo run --example quickstart`. It prints:
@@ -44,7 +44,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let registry = builder.spawn();
 
-    // The seed's `asyncio.gather`: both requests run concurrently, the second starting 10 ms
+    // Like Python's `asyncio.gather`: both requests run concurrently, the second starting 10 ms
     // after the first, and the lock makes the second wait for the first to finish.
     futures::future::try_join(process(registry.clone(), 42), async {
         tokio::time::sleep(Duration::from_millis(10)).await;

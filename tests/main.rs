@@ -28,6 +28,7 @@ mod no_leak;
 mod ordering;
 mod payments_load;
 mod permits;
+mod quickstart_scenario;
 // Not a behaviour: the one model of the table's rules that `table_model` and
 // `exhaustive_small_scope` check the real table against.
 mod reference_model;
@@ -38,7 +39,6 @@ mod replay;
 mod replay_fuzz;
 mod replay_regressions;
 mod run_on_caller;
-mod seed_scenario;
 mod shards;
 mod shutdown;
 mod shutdown_final;

@@ -36,7 +36,7 @@
 //!    that its reference count drops to zero.
 //! 2. **Reference count.** `entry.waiters` is the number of waiting records of `k`, and
 //!    `entry.permits` is above zero exactly when `k` has holding records (each holds at least
-//!    one permit); holders plus waiters is the entry's reference count (the seed's counter).
+//!    one permit); holders plus waiters is the entry's reference count.
 //! 3. **Permits.** `entry.permits` is the sum of the permits its holders hold, and at most
 //!    the table's capacity. An exclusive acquirer takes every permit, so it holds its key
 //!    alone (mutual exclusion); with one permit per key, every acquirer is exclusive.

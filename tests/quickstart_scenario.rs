@@ -1,4 +1,4 @@
-//! The seed's story: two tasks for user 42, the second starting 10 ms after the first, run one
+//! The quickstart's story: two tasks for user 42, the second starting 10 ms after the first, run one
 //! after the other, and no lock is left in memory afterwards.
 
 use std::sync::{Arc, Mutex};
