@@ -4,7 +4,7 @@ use std::fmt;
 
 use crate::LockKey;
 use crate::observe::Acquisition;
-use crate::shard::HeldGrant;
+use crate::runtime::shard::HeldGrant;
 
 /// Holds one key of a [`LockRegistry`](crate::LockRegistry) until dropped.
 ///

@@ -234,8 +234,6 @@ mod observe;
 mod registry;
 
 pub use pure::{journal, replay, table, trace};
-use pure::{overdue, stats};
-use runtime::{actor, owner, pending, request, router, shard, stall, sync};
 
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -255,7 +253,6 @@ pub struct ServiceDoctests;
 #[cfg(doctest)]
 pub struct ObservabilityDoctests;
 
-pub use actor::RegistryActor;
 pub use builder::{Execution, RegistryBuilder};
 #[cfg(feature = "postgres")]
 pub use cluster::{ClusterBuilder, ClusterError, ClusterGuard, ClusterRegistry};
@@ -265,8 +262,9 @@ pub use error::{
 };
 pub use guard::KeyGuard;
 pub use multi_guard::MultiGuard;
+pub use pure::stats::RegistryStats;
 pub use registry::LockRegistry;
-pub use stats::RegistryStats;
+pub use runtime::actor::RegistryActor;
 
 /// What a key must be: hashable, comparable, cloneable, printable for `tracing`, and movable
 /// across tasks. Implemented for every such type.

@@ -43,13 +43,13 @@ use kameo::reply::{DelegatedReply, Reply, ReplyError};
 use tracing::debug;
 
 use crate::LockKey;
-use crate::actor::RegistryActor;
 use crate::error::{AcquireError, TryAcquireError};
 use crate::guard::KeyGuard;
-use crate::journal::Journal;
 use crate::observe::{Acquisition, OWNER_TARGET};
-use crate::request::{Delivery, MessageGrant, Outcome, Request};
-use crate::stats::RegistryStats;
+use crate::pure::journal::Journal;
+use crate::pure::stats::RegistryStats;
+use crate::runtime::actor::RegistryActor;
+use crate::runtime::request::{Delivery, MessageGrant, Outcome, Request};
 
 /// Waits for `key` and replies with its [`KeyGuard`] once granted (FIFO).
 ///

@@ -4,7 +4,7 @@ use std::fmt;
 
 use crate::LockKey;
 use crate::observe::Acquisition;
-use crate::shard::HeldGrant;
+use crate::runtime::shard::HeldGrant;
 
 /// Holds every key of a [`lock_all`](crate::LockRegistry::lock_all) or
 /// [`try_lock_all`](crate::LockRegistry::try_lock_all) until dropped, then releases them all.

@@ -9,22 +9,22 @@ use kameo::actor::{ActorRef, Spawn};
 use kameo::mailbox;
 
 use crate::LockKey;
-use crate::actor::{RegistryActor, RegistryConfig};
 use crate::builder::{RegistryBuilder, RegistrySettings};
 use crate::error::{JournalError, LockError, PermitsError, TryLockError, TryPermitsError};
 use crate::guard::KeyGuard;
-use crate::journal::Journal;
 use crate::multi_guard::MultiGuard;
 use crate::observe::{Acquisition, CallKind};
-use crate::owner::{Owner, OwnerConfig};
-use crate::pending::{Granted, NotGranted};
-use crate::request::{Delivery, Outcome, Request};
-use crate::router::ShardRouter;
+use crate::pure::journal::Journal;
+use crate::pure::stats::RegistryStats;
+use crate::pure::table::{KeySet, Permits};
+use crate::runtime::actor::{RegistryActor, RegistryConfig};
 use crate::runtime::metrics::Histograms;
-use crate::shard::{GrantFuture, HeldGrant, Shard};
-use crate::stall;
-use crate::stats::RegistryStats;
-use crate::table::{KeySet, Permits};
+use crate::runtime::owner::{Owner, OwnerConfig};
+use crate::runtime::pending::{Granted, NotGranted};
+use crate::runtime::request::{Delivery, Outcome, Request};
+use crate::runtime::router::ShardRouter;
+use crate::runtime::shard::{GrantFuture, HeldGrant, Shard};
+use crate::runtime::stall;
 
 /// A registry of per-key async locks: the handle to its registry actor (or, when built with
 /// [`RegistryBuilder::shards`], to its actors, each owning the keys that hash to it).
@@ -661,11 +661,12 @@ impl<K: LockKey> LockRegistry<K> {
     /// with the table's events. Never waits. The lease belongs to no shard, and a note does
     /// not change any table, so one shard's journal is as good as another's.
     #[cfg(feature = "postgres")]
-    pub(crate) fn note_lease(&self, name: &str, event: crate::journal::LeaseEvent) {
-        let event = crate::journal::JournalEvent::Lease(Box::new(crate::journal::LeaseNote {
-            name: name.to_owned(),
-            event,
-        }));
+    pub(crate) fn note_lease(&self, name: &str, event: crate::pure::journal::LeaseEvent) {
+        let event =
+            crate::pure::journal::JournalEvent::Lease(Box::new(crate::pure::journal::LeaseNote {
+                name: name.to_owned(),
+                event,
+            }));
         // Comes to nothing only when the registry has closed: its journal ends at the close.
         self.shards[0].shard.note(event);
     }

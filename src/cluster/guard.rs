@@ -7,7 +7,8 @@ use tokio::sync::watch;
 use super::lease_store::Fence;
 use super::leases::{Interest, Lease, Validity};
 use super::postgres::PgLeaseStore;
-use crate::{KeyGuard, LockKey};
+use crate::LockKey;
+use crate::guard::KeyGuard;
 
 /// Holds one key of a [`ClusterRegistry`](crate::ClusterRegistry): the local lock and the
 /// process's lease, until dropped.

@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use super::entropy::random_u64;
 use super::lease_store::{Fence, LeaseNotice, LeaseStore};
 use super::notices::LeaseNotices;
-use crate::journal::LeaseEvent;
+use crate::pure::journal::LeaseEvent;
 
 /// Records a lease event in the local registry's journal (when it keeps one).
 pub(crate) type LeaseJournal = Box<dyn Fn(&str, LeaseEvent) + Send + Sync>;

@@ -13,7 +13,10 @@ use super::error::ClusterError;
 use super::guard::ClusterGuard;
 use super::leases::{self, CohortBounds, HANDOFF_BITS, Interest, Lease, Leases, Next};
 use super::postgres::PgLeaseStore;
-use crate::{LockError, LockKey, LockRegistry, RegistryStats};
+use crate::LockKey;
+use crate::error::LockError;
+use crate::pure::stats::RegistryStats;
+use crate::registry::LockRegistry;
 
 /// Guards issued under one lease before it goes back, by default: the first holder and 15
 /// local hand-offs.
@@ -248,7 +251,9 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn journal(&self) -> Result<crate::journal::Journal<K>, crate::JournalError> {
+    pub async fn journal(
+        &self,
+    ) -> Result<crate::pure::journal::Journal<K>, crate::error::JournalError> {
         self.local.journal().await
     }
 
@@ -292,7 +297,7 @@ pub struct ClusterBuilder<K: LockKey + fmt::Display> {
     heartbeat: Option<Duration>,
     max_uses: u32,
     max_hold: Option<Duration>,
-    local: crate::RegistryBuilder<K>,
+    local: crate::builder::RegistryBuilder<K>,
 }
 
 impl<K: LockKey + fmt::Display> fmt::Debug for ClusterBuilder<K> {
@@ -352,7 +357,7 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
     /// Settings of the local registry (shards, execution mode, journal).
     pub fn local(
         mut self,
-        configure: impl FnOnce(crate::RegistryBuilder<K>) -> crate::RegistryBuilder<K>,
+        configure: impl FnOnce(crate::builder::RegistryBuilder<K>) -> crate::builder::RegistryBuilder<K>,
     ) -> Self {
         self.local = configure(self.local);
         self

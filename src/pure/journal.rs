@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use std::num::NonZeroU32;
 
-use crate::table::{
+use crate::pure::table::{
     Acquired, Grant, KeySet, LockTable, Permits, WaiterError, WaiterId, WouldBlock,
 };
 

@@ -36,9 +36,9 @@ use std::fmt;
 use std::hash::Hash;
 use std::num::NonZeroU32;
 
-use crate::journal::{Journal, JournalEntry, JournalEvent, JournaledTable};
-use crate::table::KeySet;
-use crate::trace::{TraceTime, write_event};
+use crate::pure::journal::{Journal, JournalEntry, JournalEvent, JournaledTable};
+use crate::pure::table::KeySet;
+use crate::pure::trace::{TraceTime, write_event};
 
 /// Why a journal could not be replayed at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -69,7 +69,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::num::{NonZeroU32, NonZeroU64};
 
-use crate::stats::RegistryStats;
+use crate::pure::stats::RegistryStats;
 
 mod records;
 use records::Records;

@@ -102,11 +102,11 @@ use std::fmt;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::journal::{
+use crate::pure::journal::{
     Journal, JournalEntry, JournalEvent, LeaseEvent, LeaseNote, Refusal, format_waiter,
     parse_waiter,
 };
-use crate::table::WaiterId;
+use crate::pure::table::WaiterId;
 
 /// The first line [`write_trace`] writes, and the only trace version [`parse_trace`] reads.
 pub const TRACE_HEADER: &str = "# keyed-locks trace v2";
@@ -210,7 +210,7 @@ macro_rules! integer_keys {
             fn decode(&self, text: &str) -> Result<$integer, IntegerKeyError> {
                 // `str::parse` also takes a leading `+`; the grammar has one spelling per key.
                 let digits = text.strip_prefix('-').unwrap_or(text);
-                if !crate::journal::is_decimal(digits) {
+                if !crate::pure::journal::is_decimal(digits) {
                     return Err(IntegerKeyError::NotAnInteger { found: text.to_owned() });
                 }
                 text.parse().map_err(|_| IntegerKeyError::OutOfRange {
@@ -987,7 +987,7 @@ fn found(text: &str) -> Option<String> {
 
 /// A decimal `u64` without sign: `str::parse` would also take `+7`.
 fn parse_count(text: &str) -> Option<u64> {
-    if !crate::journal::is_decimal(text) {
+    if !crate::pure::journal::is_decimal(text) {
         return None;
     }
     text.parse().ok()

@@ -27,9 +27,9 @@ use tracing::debug;
 
 use crate::LockKey;
 use crate::observe::OWNER_TARGET;
-use crate::owner::{Effects, Owner};
-use crate::request::{Outcome, Request};
-use crate::shard::{Shard, Work};
+use crate::runtime::owner::{Effects, Owner};
+use crate::runtime::request::{Outcome, Request};
+use crate::runtime::shard::{Shard, Work};
 
 /// The kameo actor behind a [`LockRegistry`](crate::LockRegistry). Its state is private; talk
 /// to it through the registry or through the public [`messages`](crate::messages).

@@ -15,12 +15,12 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 
 use crate::builder::Execution;
-use crate::owner::{Owner, OwnerConfig};
-use crate::pending::{Granted, NotGranted, PendingKey};
-use crate::request::{Delivery, Outcome, Request};
-use crate::router::ShardRouter;
-use crate::shard::{Shard, Started, Work};
-use crate::stall::StallThresholds;
+use crate::runtime::owner::{Owner, OwnerConfig};
+use crate::runtime::pending::{Granted, NotGranted, PendingKey};
+use crate::runtime::request::{Delivery, Outcome, Request};
+use crate::runtime::router::ShardRouter;
+use crate::runtime::shard::{Shard, Started, Work};
+use crate::runtime::stall::StallThresholds;
 
 /// A waker that counts its wake-ups in a loom atomic, so that a wake-up's visibility is part
 /// of the model.

@@ -44,7 +44,7 @@ mod enabled {
     use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 
     use super::names;
-    use crate::stats::RegistryStats;
+    use crate::pure::stats::RegistryStats;
 
     /// One shard's handles, and the counts it last reported to the gauges.
     pub(crate) struct ShardMetrics {
@@ -144,7 +144,7 @@ mod enabled {
 
 #[cfg(not(feature = "metrics"))]
 mod disabled {
-    use crate::stats::RegistryStats;
+    use crate::pure::stats::RegistryStats;
 
     /// Nothing: the `metrics` feature is off.
     #[derive(Debug, Clone)]

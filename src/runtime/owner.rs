@@ -17,16 +17,16 @@ use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use crate::LockKey;
-use crate::journal::{Journal, JournaledTable};
 use crate::observe::OWNER_TARGET;
-use crate::pending::{Granted, PendingGrants, PendingKey};
-use crate::request::{Delivery, MessageGrant, MessageReply, Outcome, Request};
-use crate::router::ShardRouter;
+use crate::pure::journal::{Journal, JournaledTable};
+use crate::pure::stats::RegistryStats;
+use crate::pure::table::{Acquired, Grant, KeySet, Permits, WaiterId, WouldBlock};
 use crate::runtime::metrics::ShardMetrics;
-use crate::shard::{HeldGrant, Shard};
-use crate::stall::{StallThresholds, StallWatch};
-use crate::stats::RegistryStats;
-use crate::table::{Acquired, Grant, KeySet, Permits, WaiterId, WouldBlock};
+use crate::runtime::pending::{Granted, PendingGrants, PendingKey};
+use crate::runtime::request::{Delivery, MessageGrant, MessageReply, Outcome, Request};
+use crate::runtime::router::ShardRouter;
+use crate::runtime::shard::{HeldGrant, Shard};
+use crate::runtime::stall::{StallThresholds, StallWatch};
 
 /// A registry shard's state: its lock table and what it needs to deliver grants. Reached
 /// only through the shard's lock.

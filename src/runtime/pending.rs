@@ -22,7 +22,7 @@ use std::task::{Poll, Waker};
 
 use slotmap::{SlotMap, new_key_type};
 
-use crate::table::WaiterId;
+use crate::pure::table::WaiterId;
 
 new_key_type! {
     /// Names one waiter's pending grant in its shard.

@@ -8,13 +8,13 @@
 use tokio::sync::oneshot;
 
 use crate::LockKey;
-use crate::journal::Journal;
+use crate::pure::journal::Journal;
 #[cfg(feature = "postgres")]
-use crate::journal::JournalEvent;
-use crate::pending::{Granted, PendingKey};
-use crate::shard::HeldGrant;
-use crate::stats::RegistryStats;
-use crate::table::{KeySet, Permits, WaiterId};
+use crate::pure::journal::JournalEvent;
+use crate::pure::stats::RegistryStats;
+use crate::pure::table::{KeySet, Permits, WaiterId};
+use crate::runtime::pending::{Granted, PendingKey};
+use crate::runtime::shard::HeldGrant;
 
 /// One request to a registry shard's owner.
 #[derive(Debug)]

@@ -44,12 +44,12 @@ use tokio::sync::oneshot;
 
 use crate::LockKey;
 use crate::builder::Execution;
-use crate::journal::Journal;
-use crate::owner::{Effects, Owner};
-use crate::pending::{Granted, NotGranted, PendingKey, Undo};
-use crate::request::{Delivery, Outcome, Request};
-use crate::sync::{Mutex, MutexGuard};
-use crate::table::WaiterId;
+use crate::pure::journal::Journal;
+use crate::pure::table::WaiterId;
+use crate::runtime::owner::{Effects, Owner};
+use crate::runtime::pending::{Granted, NotGranted, PendingKey, Undo};
+use crate::runtime::request::{Delivery, Outcome, Request};
+use crate::runtime::sync::{Mutex, MutexGuard};
 
 /// Requests the actor task serves per hold of the shard's lock, between two looks at its
 /// mailbox and its tokio budget: callers that queue meanwhile wait at most this many steps
@@ -174,7 +174,7 @@ impl<K: LockKey> Shard<K> {
 
     /// A note for the journal.
     #[cfg(feature = "postgres")]
-    pub(crate) fn note(&self, event: crate::journal::JournalEvent<K>) {
+    pub(crate) fn note(&self, event: crate::pure::journal::JournalEvent<K>) {
         self.send(|_| Some(Request::Note { event }));
     }
 

@@ -16,11 +16,11 @@ use tracing::warn;
 
 use crate::LockKey;
 use crate::observe::STALL_TARGET;
-use crate::overdue::Overdue;
-use crate::pending::{PendingGrants, PendingKey};
-use crate::request::Delivery;
-use crate::shard::Shard;
-use crate::table::{LockTable, WaiterId};
+use crate::pure::overdue::Overdue;
+use crate::pure::table::{LockTable, WaiterId};
+use crate::runtime::pending::{PendingGrants, PendingKey};
+use crate::runtime::request::Delivery;
+use crate::runtime::shard::Shard;
 
 /// The thresholds a registry warns at; neither is set by default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
