@@ -248,6 +248,11 @@ pub struct ReadmeDoctests;
 #[cfg(doctest)]
 pub struct ServiceDoctests;
 
+/// The code blocks of `docs/cluster.md`, as doctests.
+#[doc = include_str!("../docs/cluster.md")]
+#[cfg(doctest)]
+pub struct ClusterDoctests;
+
 /// The code blocks of `docs/observability.md`, as doctests.
 #[doc = include_str!("../docs/observability.md")]
 #[cfg(doctest)]

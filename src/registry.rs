@@ -26,8 +26,9 @@ use crate::runtime::router::ShardRouter;
 use crate::runtime::shard::{GrantFuture, HeldGrant, Shard};
 use crate::runtime::stall;
 
-/// A registry of per-key async locks: the handle to its registry actor (or, when built with
-/// [`RegistryBuilder::shards`], to its actors, each owning the keys that hash to it).
+/// A registry of per-key async locks: the handle to its shard (or, when built with
+/// [`RegistryBuilder::shards`], its shards, each owning the keys that hash to it), where each
+/// call runs its step or, in actor mode, queues it for the shard's actor task.
 ///
 /// Cloning is cheap (a reference count) and every clone talks to the same registry. The
 /// registry stops by itself once every handle and every [`KeyGuard`] is gone, or at once on

@@ -1,5 +1,5 @@
-//! Fencing tokens increase strictly across every grant of a registry, whatever the key, and
-//! start at 1.
+//! With one shard (the default), fencing tokens increase strictly across every grant of a
+//! registry, whatever the key, and start at 1. (With several, per key: `tests/shards.rs`.)
 
 use std::collections::HashSet;
 
