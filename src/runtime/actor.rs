@@ -215,11 +215,12 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
             let delivery = Delivery::Message(Box::new(Box::new(move |guard: Option<_>| {
                 reply.send(guard.ok_or(AcquireError::Closed))
             })));
+            let permits = state.owner().all_permits();
             state
                 .step(
                     Request::Acquire {
                         key,
-                        permits: None,
+                        permits,
                         delivery,
                     },
                     effects,
@@ -255,7 +256,7 @@ impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
                     }
                     let request = Request::TryAcquire {
                         key,
-                        permits: None,
+                        permits: state.owner().all_permits(),
                         delivery: Delivery::Caller,
                     };
                     match state.step(request, effects) {

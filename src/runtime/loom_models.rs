@@ -21,6 +21,7 @@ use crate::request::{Delivery, Outcome, Request};
 use crate::router::ShardRouter;
 use crate::shard::{Shard, Started, Work};
 use crate::stall::StallThresholds;
+use crate::table::Permits;
 
 /// A waker that counts its wake-ups in a loom atomic, so that a wake-up's visibility is part
 /// of the model.
@@ -54,10 +55,13 @@ fn shard(execution: Execution) -> Arc<Shard<u32>> {
     Arc::new_cyclic(|shard_ref| Shard::new(Owner::new(config, shard_ref.clone()), execution))
 }
 
+/// Every permit of a key of the models' registry, which has one per key: an exclusive lock.
+const ONE_PERMIT: Permits = Permits(std::num::NonZeroU32::MIN);
+
 fn acquire(key: u32) -> Request<u32> {
     Request::Acquire {
         key,
-        permits: None,
+        permits: ONE_PERMIT,
         delivery: Delivery::Caller,
     }
 }
@@ -65,7 +69,7 @@ fn acquire(key: u32) -> Request<u32> {
 fn try_acquire(key: u32) -> Request<u32> {
     Request::TryAcquire {
         key,
-        permits: None,
+        permits: ONE_PERMIT,
         delivery: Delivery::Caller,
     }
 }
