@@ -1,7 +1,8 @@
 //! Traces: journals as JSON Lines, for reading, diffing, committing and replaying.
 //!
-//! Needs the `serde` feature. A trace is a header line, then one [`JournalEntry`] per line,
-//! each a JSON object as serde writes the journal's types:
+//! Needs the `serde` feature. A trace is a header line, then one
+//! [`JournalEntry`](crate::journal::JournalEntry) per line, each a JSON object as serde writes
+//! the journal's types:
 //!
 //! ```text
 //! {"format":"keyed-locks-trace","version":3,"dropped":0,"description":"two requests for 42"}
@@ -22,7 +23,7 @@
 //!   the key's permits for an exclusive lock. Keys are written as serde writes the key type:
 //!   any `Serialize` key can be written, any `DeserializeOwned` key read back.
 //! - Blank lines are ignored. Reading is all-or-nothing: the first problem is a
-//!   [`TraceError`] naming its line. Beyond the JSON, the reader checks that the first entry
+//!   `TraceError` naming its line. Beyond the JSON, the reader checks that the first entry
 //!   is numbered `dropped + 1` and each later one is one more than the one before. Whether the
 //!   events make sense together is what [`replay`](crate::replay) checks.
 //!
