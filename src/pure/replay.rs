@@ -310,8 +310,8 @@ where
 /// let Err(VerifyError::Diverged(divergence)) = verify(&journal) else { panic!() };
 /// assert_eq!(divergence.seq, 4);
 /// assert_eq!(
-///     divergence.got.map(|entry| entry.event),
-///     Some(JournalEvent::Refused { waiter: w2, reason: Refusal::Unknown })
+///     divergence.got.as_ref().map(|entry| &entry.event),
+///     Some(&JournalEvent::Refused { waiter: w2, reason: Refusal::Unknown })
 /// );
 /// assert_eq!(
 ///     divergence.to_string(),
