@@ -12,11 +12,13 @@
 //! ```
 //!
 //! With `-- --trace PATH` it also records what the registry saw and did, and writes it to
-//! `PATH` as a trace; draw it with `cargo run --example timeline -- PATH --svg timeline.svg`.
+//! `PATH` as a trace (JSON Lines, `keyed_locks::trace`); draw it with
+//! `cargo run --example timeline -- PATH --svg timeline.svg`. The trace is recorded on tokio's
+//! paused clock, which jumps to each timer as soon as every task waits: the run takes no time
+//! and writes the same trace every time, so the one in `docs/` can be checked for staleness.
 
 use std::time::Duration;
 
-use keyed_locks::trace::{IntegerKeys, write_trace};
 use keyed_locks::{LockError, LockRegistry};
 
 async fn send_request(user_id: u64) {
@@ -31,13 +33,18 @@ async fn process(registry: LockRegistry<u64>, user_id: u64) -> Result<(), LockEr
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let trace_path = match std::env::args().skip(1).collect::<Vec<_>>().as_slice() {
         [] => None,
         [flag, path] if flag == "--trace" => Some(path.clone()),
         _ => return Err("usage: quickstart [--trace PATH]".into()),
     };
+    let mut runtime = tokio::runtime::Builder::new_current_thread();
+    runtime.enable_all().start_paused(trace_path.is_some());
+    runtime.build()?.block_on(run(trace_path))
+}
+
+async fn run(trace_path: Option<String>) -> Result<(), Box<dyn std::error::Error>> {
     let mut builder = LockRegistry::builder();
     if trace_path.is_some() {
         builder = builder.journal(10_000);
@@ -58,7 +65,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     if let Some(path) = trace_path {
         let journal = registry.journal().await?;
-        std::fs::write(&path, write_trace(&journal, &IntegerKeys))?;
+        let description = "The quickstart: two requests for user 42, the second 10 ms after \
+                           the first, each holding the lock for 500 ms.";
+        let file = std::io::BufWriter::new(std::fs::File::create(&path)?);
+        journal.write_json_lines(Some(description), file)?;
         eprintln!("Wrote {} journal events to {path}", journal.entries.len());
     }
     Ok(())

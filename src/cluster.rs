@@ -3,7 +3,7 @@
 //!
 //! - `registry` and `guard`: the public face, [`ClusterRegistry`] and [`ClusterGuard`].
 //! - `leases`: the process's leases and who in the process wants them (lock cohorting); it
-//!   knows the store only through [`LeaseStore`].
+//!   knows the store only through [`LeaseStore`]. `lease_note`: what it notes in the journal.
 //! - `lease_store`: the interface the rest of the crate uses ([`LeaseStore`], [`Fence`],
 //!   [`LeaseNotice`]); it knows no SQL.
 //! - `postgres`: [`PgLeaseStore`], the table, its invariants and its statements.
@@ -19,6 +19,7 @@ mod connection;
 mod entropy;
 mod error;
 mod guard;
+mod lease_note;
 mod lease_store;
 mod leases;
 mod link;

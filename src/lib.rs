@@ -253,6 +253,11 @@ pub struct ServiceDoctests;
 #[cfg(doctest)]
 pub struct ClusterDoctests;
 
+/// The code blocks of `docs/record-replay.md`, as doctests.
+#[doc = include_str!("../docs/record-replay.md")]
+#[cfg(doctest)]
+pub struct RecordReplayDoctests;
+
 /// The code blocks of `docs/observability.md`, as doctests.
 #[doc = include_str!("../docs/observability.md")]
 #[cfg(doctest)]

@@ -123,11 +123,12 @@ impl<K: LockKey> Message<Acquire<K>> for RegistryActor<K> {
             let delivery = Delivery::Message(Box::new(Box::new(move |grant: Option<_>| {
                 reply.send(grant.map(guard_of).ok_or(AcquireError::Closed))
             })));
+            let permits = state.owner().all_permits();
             state
                 .step(
                     Request::Acquire {
                         key,
-                        permits: None,
+                        permits,
                         delivery,
                     },
                     effects,
@@ -162,7 +163,7 @@ impl<K: LockKey> Message<TryAcquire<K>> for RegistryActor<K> {
                     }
                     let request = Request::TryAcquire {
                         key,
-                        permits: None,
+                        permits: state.owner().all_permits(),
                         delivery: Delivery::Caller,
                     };
                     match state.step(request, effects) {

@@ -261,7 +261,7 @@ impl<K: LockKey> LockRegistry<K> {
         let shard = self.shard_for(&key);
         let request = Request::Acquire {
             key: key.clone(),
-            permits,
+            permits: permits.unwrap_or(Permits(self.capacity)),
             delivery: Delivery::Caller,
         };
         match GrantFuture::new(&shard.shard, request).await {
@@ -402,7 +402,7 @@ impl<K: LockKey> LockRegistry<K> {
         let shard = self.shard_for(&key);
         let request = Request::TryAcquire {
             key: key.clone(),
-            permits,
+            permits: permits.unwrap_or(Permits(self.capacity)),
             delivery: Delivery::Caller,
         };
         match GrantFuture::new(&shard.shard, request).await {
@@ -658,18 +658,13 @@ impl<K: LockKey> LockRegistry<K> {
         }
     }
 
-    /// Records what cluster mode did with a lease in the journal of the first shard, in order
-    /// with the table's events. Never waits. The lease belongs to no shard, and a note does
-    /// not change any table, so one shard's journal is as good as another's.
+    /// Records a note (what cluster mode did with a lease) in the journal of the first shard,
+    /// in order with the table's events. Never waits. A note belongs to no shard and does not
+    /// change any table, so one shard's journal is as good as another's.
     #[cfg(feature = "postgres")]
-    pub(crate) fn note_lease(&self, name: &str, event: crate::pure::journal::LeaseEvent) {
-        let event =
-            crate::pure::journal::JournalEvent::Lease(Box::new(crate::pure::journal::LeaseNote {
-                name: name.to_owned(),
-                event,
-            }));
+    pub(crate) fn note(&self, text: String) {
         // Comes to nothing only when the registry has closed: its journal ends at the close.
-        self.shards[0].shard.note(event);
+        self.shards[0].shard.note(text);
     }
 
     /// The journal of every shard, in shard order; one journal for a registry with one shard.

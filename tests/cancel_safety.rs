@@ -69,7 +69,7 @@ async fn a_queued_waiter_dropped_is_withdrawn_and_the_next_one_gets_the_key_in_e
         let journal = registry.journal().await.unwrap();
         assert_eq!(
             trace_lines(journal.entries.iter().map(|entry| &entry.event)),
-            "acquire w1 7; grant w1 1; acquire w2 7; acquire w3 7; cancel w2; \
+            "acquire w1 1 7; grant w1 1; acquire w2 1 7; acquire w3 1 7; cancel w2; \
              release w1; grant w3 2; release w3",
             "{execution:?}"
         );

@@ -283,7 +283,7 @@ async fn bad_settings_fail_at_connect_with_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_journal_records_the_leases_as_notes_and_still_replays() {
-    use keyed_locks::journal::{JournalEvent, LeaseEvent};
+    use keyed_locks::journal::JournalEvent;
     let prefix = fresh_prefix("kl_test_journal_").await;
     let registry = ClusterRegistry::<String>::builder(database_url())
         .table_prefix(&prefix)
@@ -301,20 +301,20 @@ async fn the_journal_records_the_leases_as_notes_and_still_replays() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let journal = registry.journal().await.unwrap();
-    let notes: Vec<LeaseEvent> = journal
+    let notes: Vec<&str> = journal
         .entries
         .iter()
         .filter_map(|entry| match &entry.event {
-            JournalEvent::Lease(note) if note.name == "k" => Some(note.event),
+            JournalEvent::Note { text } => Some(text.as_str()),
             _ => None,
         })
         .collect();
     assert_eq!(
         notes,
         [
-            LeaseEvent::Requested,
-            LeaseEvent::Granted { fence },
-            LeaseEvent::Released { fence },
+            r#"lease "k" requested"#.to_owned(),
+            format!(r#"lease "k" granted under fence {fence}"#),
+            format!(r#"lease "k" released under fence {fence}"#),
         ]
     );
     keyed_locks::replay::verify(&journal).unwrap();

@@ -44,7 +44,7 @@ mod shutdown;
 mod shutdown_final;
 mod stall_warnings;
 mod table_model;
-mod trace_format;
+mod trace_json_lines;
 mod tracing_events;
 mod try_lock;
 mod waiter_cancelled_after_release;

@@ -62,12 +62,9 @@ use std::collections::{BTreeSet, HashSet};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use keyed_locks::journal::{
-    Journal, JournalEntry, JournalEvent, JournaledTable, Refusal, format_waiter,
-};
+use keyed_locks::journal::{Journal, JournalEntry, JournalEvent, JournaledTable, Refusal};
 use keyed_locks::replay::verify;
 use keyed_locks::table::{Acquired, KeySet, WaiterId};
-use keyed_locks::trace::{IntegerKeys, write_trace};
 
 /// A holder, with the keys it holds and the permits it holds of each, or a waiting request,
 /// with the keys it asks for and the permits it asks for of each.
@@ -193,7 +190,11 @@ impl ReferenceModel {
     /// Asks for every permit of `key` (an exclusive lock) and returns the acquirer's id.
     pub fn acquire(&mut self, key: u64) -> WaiterId {
         let waiter = self.arrival_id();
-        self.events.push(JournalEvent::Acquire { waiter, key });
+        self.events.push(JournalEvent::Acquire {
+            waiter,
+            key,
+            permits: self.capacity,
+        });
         self.grant_or_queue(vec![key], self.capacity);
         self.end_call(None);
         waiter
@@ -204,7 +205,7 @@ impl ReferenceModel {
     pub fn acquire_permits(&mut self, key: u64, permits: u32) -> WaiterId {
         self.assert_takes(permits);
         let waiter = self.arrival_id();
-        self.events.push(JournalEvent::AcquirePermits {
+        self.events.push(JournalEvent::Acquire {
             waiter,
             key,
             permits,
@@ -221,7 +222,11 @@ impl ReferenceModel {
         let keys = distinct(listed);
         let waiter = self.arrival_id();
         self.events.push(match keys[..] {
-            [key] => JournalEvent::Acquire { waiter, key },
+            [key] => JournalEvent::Acquire {
+                waiter,
+                key,
+                permits: self.capacity,
+            },
             _ => JournalEvent::AcquireAll {
                 waiter,
                 keys: keys.clone(),
@@ -235,7 +240,10 @@ impl ReferenceModel {
     /// Takes every permit of `key` if it can be granted now; the new holder's id, or `None`
     /// (a would-block, which names nobody).
     pub fn try_acquire(&mut self, key: u64) -> Option<WaiterId> {
-        self.events.push(JournalEvent::TryAcquire { key });
+        self.events.push(JournalEvent::TryAcquire {
+            key,
+            permits: self.capacity,
+        });
         let taken = self.grant_or_refuse(vec![key], self.capacity);
         self.end_call(None);
         taken
@@ -245,8 +253,7 @@ impl ReferenceModel {
     /// `None` (a would-block).
     pub fn try_acquire_permits(&mut self, key: u64, permits: u32) -> Option<WaiterId> {
         self.assert_takes(permits);
-        self.events
-            .push(JournalEvent::TryAcquirePermits { key, permits });
+        self.events.push(JournalEvent::TryAcquire { key, permits });
         let taken = self.grant_or_refuse(vec![key], permits);
         self.end_call(None);
         taken
@@ -258,7 +265,10 @@ impl ReferenceModel {
     pub fn try_acquire_all(&mut self, listed: &[u64]) -> Option<WaiterId> {
         let keys = distinct(listed);
         self.events.push(match keys[..] {
-            [key] => JournalEvent::TryAcquire { key },
+            [key] => JournalEvent::TryAcquire {
+                key,
+                permits: self.capacity,
+            },
             _ => JournalEvent::TryAcquireAll { keys: keys.clone() },
         });
         let taken = self.grant_or_refuse(keys, self.capacity);
@@ -592,7 +602,8 @@ pub fn check_the_table_against(model: &ReferenceModel) -> Result<(), String> {
     if model.holders().is_empty() {
         let never_granted = waiters_never_granted(&recorded);
         if !never_granted.is_empty() {
-            let never_granted: Vec<String> = never_granted.into_iter().map(format_waiter).collect();
+            let never_granted: Vec<String> =
+                never_granted.iter().map(WaiterId::to_string).collect();
             return Err(format!(
                 "{never_granted:?} waited, were neither cancelled nor closed, and were never \
                  granted, though nothing is held"
@@ -632,13 +643,8 @@ fn feed(
         (JournalEvent::TryAcquire { .. } | JournalEvent::TryAcquireAll { .. }, Some(listed)) => {
             let _ = table.try_acquire_all(key_set(listed)?);
         }
-        (JournalEvent::Acquire { waiter, key }, None) => {
-            if let Acquired::Granted(grant) = table.acquire(*key, Some(*waiter)) {
-                granted.push(grant);
-            }
-        }
         (
-            JournalEvent::AcquirePermits {
+            JournalEvent::Acquire {
                 waiter,
                 key,
                 permits,
@@ -649,19 +655,16 @@ fn feed(
                 .table()
                 .permits(*permits)
                 .map_err(|error| error.to_string())?;
-            if let Acquired::Granted(grant) = table.acquire_permits(*key, permits, Some(*waiter)) {
+            if let Acquired::Granted(grant) = table.acquire(*key, permits, Some(*waiter)) {
                 granted.push(grant);
             }
         }
-        (JournalEvent::TryAcquire { key }, None) => {
-            let _ = table.try_acquire(*key);
-        }
-        (JournalEvent::TryAcquirePermits { key, permits }, None) => {
+        (JournalEvent::TryAcquire { key, permits }, None) => {
             let permits = table
                 .table()
                 .permits(*permits)
                 .map_err(|error| error.to_string())?;
-            let _ = table.try_acquire_permits(*key, permits);
+            let _ = table.try_acquire(*key, permits);
         }
         (JournalEvent::Release { waiter }, None) => {
             let released = table.release(*waiter, &mut granted).ok();
@@ -831,9 +834,7 @@ fn waiters_never_granted(journal: &Journal<u64>) -> Vec<WaiterId> {
     let mut events = journal.entries.iter().map(|entry| &entry.event).peekable();
     while let Some(event) = events.next() {
         match event {
-            JournalEvent::Acquire { waiter, .. }
-            | JournalEvent::AcquirePermits { waiter, .. }
-            | JournalEvent::AcquireAll { waiter, .. } => {
+            JournalEvent::Acquire { waiter, .. } | JournalEvent::AcquireAll { waiter, .. } => {
                 arrived.push(*waiter);
             }
             JournalEvent::Grant { waiter, .. } | JournalEvent::Closed { waiter } => {
@@ -852,31 +853,46 @@ fn waiters_never_granted(journal: &Journal<u64>) -> Vec<WaiterId> {
     arrived
 }
 
-/// Events as trace lines without number and time, for failure messages:
-/// `release w1; grant w2 2`. The key lines of a multi-key event stay on its line:
-/// `acquire_all w3 2 | 0 | 1`.
+/// Events on one line, short, for failure messages: `acquire w1 1 0; grant w1 1` (an
+/// acquire shows its waiter, its permits and its key).
 pub fn trace_lines<'a>(events: impl IntoIterator<Item = &'a JournalEvent<u64>>) -> String {
-    let journal = Journal {
-        entries: (1..)
-            .zip(events)
-            .map(|(seq, event)| JournalEntry {
-                seq,
-                at: Duration::ZERO,
-                event: event.clone(),
-            })
-            .collect(),
-        dropped: 0,
+    let keys = |keys: &[u64]| {
+        let listed: Vec<String> = keys.iter().map(|key| format!(" | {key}")).collect();
+        format!("{}{}", keys.len(), listed.concat())
     };
-    let trace = write_trace(&journal, &IntegerKeys);
-    let mut lines: Vec<String> = Vec::new();
-    for line in trace.lines().filter(|line| !line.starts_with('#')) {
-        match lines.last_mut() {
-            Some(event) if line.starts_with("| ") => {
-                event.push(' ');
-                event.push_str(line);
-            }
-            _ => lines.push(line.splitn(3, ' ').nth(2).unwrap_or(line).to_owned()),
+    let line = |event: &JournalEvent<u64>| match event {
+        JournalEvent::Acquire {
+            waiter,
+            key,
+            permits,
+        } => format!("acquire {waiter} {permits} {key}"),
+        JournalEvent::TryAcquire { key, permits } => format!("try_acquire {permits} {key}"),
+        JournalEvent::AcquireAll { waiter, keys: all } => {
+            format!("acquire_all {waiter} {}", keys(all))
         }
-    }
+        JournalEvent::TryAcquireAll { keys: all } => format!("try_acquire_all {}", keys(all)),
+        JournalEvent::Capacity { permits } => format!("capacity {permits}"),
+        JournalEvent::Release { waiter } => format!("release {waiter}"),
+        JournalEvent::Cancel { waiter } => format!("cancel {waiter}"),
+        JournalEvent::Grant {
+            waiter,
+            fencing_token,
+        } => format!("grant {waiter} {fencing_token}"),
+        JournalEvent::WouldBlock { key } => format!("would_block {key}"),
+        JournalEvent::Closed { waiter } => format!("closed {waiter}"),
+        JournalEvent::Refused { waiter, reason } => {
+            let reason = match reason {
+                Refusal::Unknown => "unknown",
+                Refusal::NotHolding => "not_holding",
+                Refusal::NotWaiting => "not_waiting",
+                _ => "other",
+            };
+            format!("refused {waiter} {reason}")
+        }
+        JournalEvent::Shutdown => "shutdown".to_owned(),
+        JournalEvent::WouldBlockAll => "would_block_all".to_owned(),
+        other => format!("{other:?}"),
+    };
+    let lines: Vec<String> = events.into_iter().map(line).collect();
     lines.join("; ")
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use keyed_locks::LockRegistry;
 use keyed_locks::journal::{Journal, JournalEntry, JournalEvent};
 use keyed_locks::replay::{ReplayError, VerifyError, replay, verify};
-use keyed_locks::trace::{IntegerKeys, StringKeys, parse_trace, write_trace};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -146,7 +145,7 @@ fn grants<K>(entries: &[JournalEntry<K>]) -> Vec<(String, u64)> {
             JournalEvent::Grant {
                 waiter,
                 fencing_token,
-            } => Some((keyed_locks::journal::format_waiter(waiter), fencing_token)),
+            } => Some((waiter.to_string(), fencing_token)),
             _ => None,
         })
         .collect()
@@ -181,8 +180,8 @@ async fn replay_reproduces_every_grant_and_token_of_a_busy_multi_task_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_reproduces_a_busy_run_after_a_trip_through_the_trace_format() {
     let journal = record_busy_run().await;
-    let trace = write_trace(&journal, &IntegerKeys);
-    let parsed = parse_trace(&trace, &IntegerKeys).expect("the writer writes valid traces");
+    let trace = journal.to_json_lines().expect("integer keys are JSON");
+    let parsed = Journal::from_json_lines(&trace).expect("the writer writes valid traces");
     assert_eq!(parsed, journal);
     if let Err(error) = verify(&parsed) {
         panic!("{error}");
@@ -213,8 +212,8 @@ async fn replay_reproduces_a_run_with_string_keys_after_a_trip_through_the_trace
     let journal = registry.journal().await.expect("registry open");
     assert_eq!(journal.dropped, 0);
 
-    let parsed = parse_trace(&write_trace(&journal, &StringKeys), &StringKeys)
-        .expect("the writer writes valid traces");
+    let trace = journal.to_json_lines().expect("strings are JSON");
+    let parsed = Journal::from_json_lines(&trace).expect("the writer writes valid traces");
     assert_eq!(parsed, journal);
     if let Err(error) = verify(&parsed) {
         panic!("{error}");
@@ -249,22 +248,22 @@ async fn a_changed_fencing_token_is_reported_at_its_sequence_number() {
     let journal = record_small_run().await;
     let tampered_index = first_grant_after(&journal, 2);
     let tampered_seq = journal.entries[tampered_index].seq;
-    let trace = write_trace(&journal, &IntegerKeys);
+    let trace = journal.to_json_lines().expect("integer keys are JSON");
     let tampered_trace: String = trace
         .lines()
         .map(
-            |line| match line.strip_prefix(&format!("{tampered_seq} ")) {
-                Some(rest) => {
-                    let (before_token, _) = rest.rsplit_once(' ').expect("a grant line");
-                    format!("{tampered_seq} {before_token} 999\n")
+            |line| match line.starts_with(&format!("{{\"seq\":{tampered_seq},")) {
+                true => {
+                    let (before_token, _) = line.rsplit_once(':').expect("a grant line");
+                    format!("{before_token}:999}}}}}}\n")
                 }
-                None => format!("{line}\n"),
+                false => format!("{line}\n"),
             },
         )
         .collect();
     assert_ne!(tampered_trace, trace);
 
-    let tampered = parse_trace(&tampered_trace, &IntegerKeys).expect("still well formed");
+    let tampered = Journal::from_json_lines(&tampered_trace).expect("still well formed");
     let Err(VerifyError::Diverged(divergence)) = verify(&tampered) else {
         panic!("a changed fencing token went unnoticed");
     };
@@ -306,18 +305,19 @@ async fn a_removed_grant_is_reported_at_its_sequence_number() {
         )),
         "{shown}"
     );
-    assert!(shown.contains(" grant w"), "{shown}");
+    assert!(shown.contains(" Grant { waiter: w"), "{shown}");
 }
 
 #[tokio::test]
 async fn a_removed_trace_line_is_reported_by_the_parser_at_the_next_line() {
     let journal = record_small_run().await;
-    let trace = write_trace(&journal, &IntegerKeys);
+    let trace = journal.to_json_lines().expect("integer keys are JSON");
     let mut lines: Vec<&str> = trace.lines().collect();
-    let removed_line = 2 + first_grant_after(&journal, 2); // after the two header lines
+    let removed_line = 1 + first_grant_after(&journal, 2); // after the header line
     lines.remove(removed_line);
-    let error = parse_trace::<u64, _>(&lines.join("\n"), &IntegerKeys).unwrap_err();
-    assert_eq!(error.line(), removed_line + 1, "{error}");
+    let error = Journal::<u64>::from_json_lines(&lines.join("\n")).unwrap_err();
+    // Lines count from 1: the line after the removed one is now number `removed_line + 1`.
+    assert_eq!(error.line(), Some(removed_line + 1), "{error}");
 }
 
 #[tokio::test]
@@ -337,21 +337,35 @@ async fn a_journal_that_dropped_events_is_refused_for_replay() {
 }
 
 #[test]
-fn lease_notes_are_copied_by_a_replay_and_change_nothing_in_the_table() {
-    let trace = "1 +0.000000s acquire w1 \"k\"\n\
-                 2 +0.000000s grant w1 1\n\
-                 3 +0.000000s lease_requested \"k\"\n\
-                 4 +0.000100s lease_granted 5 \"k\"\n\
-                 5 +0.000200s lease_released 5 \"k\"\n\
-                 6 +0.000200s release w1\n";
-    let recorded = parse_trace::<String, _>(trace, &StringKeys).unwrap();
+fn notes_are_copied_by_a_replay_and_change_nothing_in_the_table() {
+    use keyed_locks::journal::JournaledTable;
+    let mut table = JournaledTable::<&str, ()>::with_journal(100);
+    let every_permit = table.table().all_permits();
+    let _ = table.acquire("k", every_permit, ());
+    table.note(r#"lease "k" requested"#.to_owned());
+    table.set_time(Duration::from_micros(100));
+    table.note(r#"lease "k" granted under fence 5"#.to_owned());
+    let released = table
+        .journal()
+        .entries
+        .iter()
+        .find_map(|entry| match entry.event {
+            JournalEvent::Grant { waiter, .. } => Some(waiter),
+            _ => None,
+        })
+        .expect("a free key is granted");
+    let _ = table.release(released, &mut Vec::new());
+    let recorded = table.journal();
+    assert!(recorded.entries.iter().any(|entry| entry.event.is_note()));
     verify(&recorded).unwrap();
-    let replayed = replay(&recorded).unwrap();
-    assert_eq!(replayed, recorded.entries);
+    assert_eq!(replay(&recorded).unwrap(), recorded.entries);
 
     // The table's own events are still checked around the notes.
-    let tampered = trace.replace("grant w1 1", "grant w1 2");
-    let tampered = parse_trace::<String, _>(&tampered, &StringKeys).unwrap();
+    let mut tampered = recorded.clone();
+    tampered.entries[1].event = JournalEvent::Grant {
+        waiter: released,
+        fencing_token: 2,
+    };
     assert!(
         matches!(verify(&tampered), Err(VerifyError::Diverged(divergence)) if divergence.seq == 2)
     );
@@ -375,14 +389,19 @@ async fn a_journal_of_a_registry_with_permits_starts_with_its_capacity_and_repla
         JournalEvent::Capacity { permits: 3 }
     );
     verify(&journal).unwrap();
-    let trace = write_trace(&journal, &IntegerKeys);
+    let trace = journal.to_json_lines().unwrap();
     assert!(
-        trace.contains(" capacity 3\n") && trace.contains(" acquire_permits w2 2 1\n"),
+        trace.contains(r#""event":{"capacity":{"permits":3}}"#)
+            && trace.contains(r#"{"acquire":{"waiter":2,"key":1,"permits":2}}"#)
+            && trace.contains(r#"{"acquire":{"waiter":3,"key":1,"permits":3}}"#),
         "{trace}"
     );
-    assert_eq!(parse_trace(&trace, &IntegerKeys).unwrap(), journal);
+    assert_eq!(Journal::from_json_lines(&trace).unwrap(), journal);
     // The same inputs on a table of another capacity give other outputs.
-    let one_permit = trace.replace(" capacity 3\n", " capacity 2\n");
-    let one_permit = parse_trace::<u32, _>(&one_permit, &IntegerKeys).unwrap();
-    assert!(verify(&one_permit).is_err());
+    let fewer_permits = trace.replace(
+        r#"{"capacity":{"permits":3}}"#,
+        r#"{"capacity":{"permits":2}}"#,
+    );
+    let fewer_permits = Journal::<u32>::from_json_lines(&fewer_permits).unwrap();
+    assert!(verify(&fewer_permits).is_err());
 }

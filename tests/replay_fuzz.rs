@@ -6,7 +6,6 @@ use std::time::Duration;
 use keyed_locks::journal::{Journal, JournalEntry, JournalEvent, JournaledTable, Refusal};
 use keyed_locks::replay::{ReplayError, VerifyError, first_divergence, replay, verify};
 use keyed_locks::table::WaiterId;
-use keyed_locks::trace::{IntegerKeys, StringKeys, parse_trace, write_trace};
 use proptest::prelude::*;
 
 /// Ids a fresh table hands out early (arrivals 1 to 8), plus ones it does not for a long
@@ -28,8 +27,10 @@ fn any_refusal() -> impl Strategy<Value = Refusal> {
 fn any_event() -> impl Strategy<Value = JournalEvent<u8>> {
     let key = 0u8..3;
     prop_oneof![
-        3 => (any_waiter(), key.clone()).prop_map(|(waiter, key)| JournalEvent::Acquire { waiter, key }),
-        2 => key.clone().prop_map(|key| JournalEvent::TryAcquire { key }),
+        // Permit counts a table of one permit per key refuses (0, 2) included.
+        3 => (any_waiter(), key.clone(), 0u32..3)
+            .prop_map(|(waiter, key, permits)| JournalEvent::Acquire { waiter, key, permits }),
+        2 => (key.clone(), 0u32..3).prop_map(|(key, permits)| JournalEvent::TryAcquire { key, permits }),
         3 => any_waiter().prop_map(|waiter| JournalEvent::Release { waiter }),
         2 => any_waiter().prop_map(|waiter| JournalEvent::Cancel { waiter }),
         1 => Just(JournalEvent::Shutdown),
@@ -86,7 +87,8 @@ fn mutated_trace() -> impl Strategy<Value = String> {
                 dropped: 0,
                 ..journal
             };
-            let mut characters: Vec<char> = write_trace(&journal, &IntegerKeys).chars().collect();
+            let trace = journal.to_json_lines().expect("integer keys are JSON");
+            let mut characters: Vec<char> = trace.chars().collect();
             for (kind, first, second, character) in edits {
                 if characters.is_empty() {
                     break;
@@ -135,6 +137,10 @@ fn any_step() -> impl Strategy<Value = Step> {
     ]
 }
 
+fn one_permit(table: &JournaledTable<u8, ()>) -> keyed_locks::table::Permits {
+    table.table().all_permits()
+}
+
 /// The journal a real table records for `steps`, releases and cancels naming ids it issued
 /// (some long gone), so that many of them are refused.
 fn journal_of(steps: &[Step]) -> Journal<u8> {
@@ -145,12 +151,12 @@ fn journal_of(steps: &[Step]) -> Journal<u8> {
         table.set_time(Duration::from_micros(index as u64 * 10));
         let pick = |choice: &usize| issued.get(choice % issued.len().max(1)).copied();
         match step {
-            Step::Acquire(key) => issued.push(match table.acquire(*key, ()) {
+            Step::Acquire(key) => issued.push(match table.acquire(*key, one_permit(&table), ()) {
                 keyed_locks::table::Acquired::Granted(grant) => grant.waiter_id,
                 keyed_locks::table::Acquired::Queued(waiter_id) => waiter_id,
             }),
             Step::TryAcquire(key) => {
-                if let Ok(grant) = table.try_acquire(*key) {
+                if let Ok(grant) = table.try_acquire(*key, one_permit(&table)) {
                     issued.push(grant.waiter_id);
                 }
             }
@@ -178,47 +184,18 @@ proptest! {
     #[test]
     fn parsing_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
         let text = String::from_utf8_lossy(&bytes);
-        let _ = parse_trace::<u64, _>(&text, &IntegerKeys);
-        let _ = parse_trace::<String, _>(&text, &StringKeys);
+        let _ = Journal::<u64>::from_json_lines(&text);
+        let _ = Journal::<String>::from_json_lines(&text);
     }
 
     #[test]
     fn parsing_a_mutated_trace_never_panics_and_what_parses_round_trips(text in mutated_trace()) {
-        if let Ok(journal) = parse_trace::<u64, _>(&text, &IntegerKeys) {
-            let written = write_trace(&journal, &IntegerKeys);
-            prop_assert_eq!(parse_trace(&written, &IntegerKeys).unwrap(), journal.clone());
+        if let Ok(journal) = Journal::<u64>::from_json_lines(&text) {
+            let written = journal.to_json_lines().unwrap();
+            prop_assert_eq!(Journal::from_json_lines(&written).unwrap(), journal.clone());
             let _ = verify(&journal);
         }
-        let _ = parse_trace::<String, _>(&text, &StringKeys);
-    }
-
-    #[test]
-    fn parsing_trace_like_token_soup_never_panics(
-        lines in proptest::collection::vec(
-            (
-                prop_oneof![Just(String::new()), (0u64..6).prop_map(|seq| format!("{seq} ")), "[0-9+]{0,4} "],
-                prop_oneof![Just("+0.000001s ".to_owned()), "\\+[0-9]{1,2}\\.[0-9]{5,10}s? ?"],
-                prop_oneof![
-                    Just("acquire "), Just("try_acquire "), Just("release "), Just("cancel "),
-                    Just("shutdown"), Just("grant "), Just("would_block "), Just("closed "),
-                    Just("refused "), Just("# dropped "), Just("# keyed-locks trace "), Just(""),
-                ],
-                "(w[0-9]{1,2}(v[0-9])? ?)?",
-                "(\"([^\"\\\\]|\\\\[\"\\\\nrtuq{}0-9a-f])*\"?|[0-9]{1,3}|unknown|not_holding|v1|v2|-?[0-9]{1,4})?",
-            )
-                .prop_map(|(seq, time, name, waiter, tail)| format!("{seq}{time}{name}{waiter}{tail}")),
-            0..12,
-        )
-    ) {
-        let text = lines.join("\n");
-        if let Ok(journal) = parse_trace::<String, _>(&text, &StringKeys) {
-            let written = write_trace(&journal, &StringKeys);
-            prop_assert_eq!(parse_trace(&written, &StringKeys).unwrap(), journal.clone());
-            let _ = verify(&journal);
-        }
-        if let Ok(journal) = parse_trace::<u64, _>(&text, &IntegerKeys) {
-            let _ = verify(&journal);
-        }
+        let _ = Journal::<String>::from_json_lines(&text);
     }
 
     #[test]
@@ -248,8 +225,8 @@ proptest! {
     ) {
         let journal = journal_of(&steps);
         prop_assert_eq!(verify(&journal), Ok(()));
-        let trace = write_trace(&journal, &IntegerKeys);
-        prop_assert_eq!(parse_trace(&trace, &IntegerKeys).unwrap(), journal);
+        let trace = journal.to_json_lines().unwrap();
+        prop_assert_eq!(Journal::from_json_lines(&trace).unwrap(), journal);
     }
 
     #[test]

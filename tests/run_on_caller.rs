@@ -230,6 +230,7 @@ async fn a_waiter_giving_up_after_its_holder_released_in_the_actors_queue_passes
     let acquire = |arrival| JournalEvent::Acquire {
         waiter: waiter(arrival),
         key: key(1),
+        permits: 1,
     };
     assert_eq!(
         events,

@@ -32,7 +32,7 @@
 //! # When it fails
 //!
 //! proptest shrinks the script; then the test panics with the seed, the minimal script and the
-//! failure, and writes `tests/replays/failing-<seed>.trace`: the minimal script's calls with
+//! failure, and writes `tests/replays/failing-<seed>.jsonl`: the minimal script's calls with
 //! the outputs the *model* expects, in the trace format (its capacity first, if not 1). So
 //! under the broken table, `cargo test --test main replay_regressions` fails on that file at
 //! the first wrong output, and once the table is fixed it passes: fix the bug, rename the file
@@ -41,13 +41,11 @@
 //! `PROPTEST_RNG_SEED=<seed> cargo test --test main table_model`.
 
 use std::collections::hash_map::RandomState;
-use std::fmt::Write as _;
 use std::hash::BuildHasher;
 use std::path::PathBuf;
 
 use keyed_locks::journal::{Journal, JournalEvent, Refusal};
 use keyed_locks::table::WaiterId;
-use keyed_locks::trace::{IntegerKeys, write_trace};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
 
@@ -284,20 +282,22 @@ fn expected_journal(setting: Setting, script: &[Op]) -> Journal<u64> {
 
 /// Writes the failing case where `replay_regressions` finds it, and returns the path.
 fn write_failing_trace(seed: u64, setting: Setting, script: &[Op], failure: &str) -> PathBuf {
-    let trace = write_trace(&expected_journal(setting, script), &IntegerKeys);
-    let (header, events) = trace.split_once('\n').expect("a header line");
     let Setting { capacity, keys } = setting;
-    let mut comments = format!(
-        "# Found by tests/table_model.rs with PROPTEST_RNG_SEED={seed}; the outputs are the\n\
-         # reference model's. Script over {keys} keys of {capacity} permits: {script:?}\n"
+    let description = format!(
+        "Found by tests/table_model.rs with PROPTEST_RNG_SEED={seed}; the outputs are the \
+         reference model's. Script over {keys} keys of {capacity} permits: {script:?}. \
+         Failure: {failure}"
     );
-    for line in failure.lines() {
-        let _ = writeln!(comments, "# failure: {line}");
-    }
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/replays")
-        .join(format!("failing-{seed}.trace"));
-    std::fs::write(&path, format!("{header}\n{comments}{events}"))
+        .join(format!("failing-{seed}.jsonl"));
+    std::fs::File::create(&path)
+        .map_err(|error| error.to_string())
+        .and_then(|file| {
+            expected_journal(setting, script)
+                .write_json_lines(Some(&description), file)
+                .map_err(|error| error.to_string())
+        })
         .unwrap_or_else(|error| panic!("cannot write {}: {error}", path.display()));
     path
 }
@@ -417,10 +417,10 @@ fn the_expected_journal_of_a_permits_script_lets_the_requests_behind_a_cancelled
     );
     assert_eq!(
         trace_lines(journal.entries.iter().map(|entry| &entry.event)),
-        "capacity 3; acquire_permits w1 1 0; grant w1 1; acquire w2 0; \
-         acquire_permits w3 2 0; try_acquire_permits 1 0; would_block 0; \
-         cancel w2; grant w3 2; acquire_permits w4 1 0; release w1; grant w4 3; \
-         release w3; release w4; try_acquire 0; grant w5 4; release w5"
+        "capacity 3; acquire w1 1 0; grant w1 1; acquire w2 3 0; \
+         acquire w3 2 0; try_acquire 1 0; would_block 0; \
+         cancel w2; grant w3 2; acquire w4 1 0; release w1; grant w4 3; \
+         release w3; release w4; try_acquire 3 0; grant w5 4; release w5"
     );
     keyed_locks::replay::verify(&journal).unwrap_or_else(|error| panic!("{error}"));
 }
@@ -457,11 +457,11 @@ fn the_expected_journal_of_a_lock_all_script_grants_in_order_of_arrival() {
     let journal = expected_journal(setting, &script);
     assert_eq!(
         trace_lines(journal.entries.iter().map(|entry| &entry.event)),
-        "acquire_all w1 2 | 0 | 1; grant w1 1; acquire w2 1; acquire w3 0; \
-         acquire_all w4 2 | 1 | 2; acquire w5 2; try_acquire_all 2 | 2 | 0; would_block_all; \
-         try_acquire 1; would_block 1; release w1; grant w2 2; grant w3 3; cancel w4; \
-         grant w5 4; release w3; release w2; release w5; try_acquire 0; grant w6 5; \
-         release w6; try_acquire 1; grant w7 6; release w7; try_acquire 2; grant w8 7; \
+        "acquire_all w1 2 | 0 | 1; grant w1 1; acquire w2 1 1; acquire w3 1 0; \
+         acquire_all w4 2 | 1 | 2; acquire w5 1 2; try_acquire_all 2 | 2 | 0; would_block_all; \
+         try_acquire 1 1; would_block 1; release w1; grant w2 2; grant w3 3; cancel w4; \
+         grant w5 4; release w3; release w2; release w5; try_acquire 1 0; grant w6 5; \
+         release w6; try_acquire 1 1; grant w7 6; release w7; try_acquire 1 2; grant w8 7; \
          release w8"
     );
     keyed_locks::replay::verify(&journal).unwrap_or_else(|error| panic!("{error}"));

@@ -198,7 +198,7 @@ async fn a_waiter_dropped_with_its_grant_in_flight_passes_the_key_on_in_either_m
         assert_eq!(registry.stats().await.unwrap().keys, 0, "{execution:?}");
         assert_eq!(
             table_events(&registry).await,
-            "acquire w1 7; grant w1 1; acquire w2 7; acquire w3 7; \
+            "acquire w1 1 7; grant w1 1; acquire w2 1 7; acquire w3 1 7; \
              release w1; grant w2 2; release w2; grant w3 3; release w3",
             "{execution:?}"
         );
@@ -228,7 +228,7 @@ async fn a_waiter_that_takes_its_guard_and_drops_it_at_once_passes_the_key_on_in
         assert_eq!(registry.stats().await.unwrap().keys, 0, "{execution:?}");
         assert_eq!(
             table_events(&registry).await,
-            "acquire w1 7; grant w1 1; acquire w2 7; acquire w3 7; \
+            "acquire w1 1 7; grant w1 1; acquire w2 1 7; acquire w3 1 7; \
              release w1; grant w2 2; release w2; grant w3 3; release w3",
             "{execution:?}"
         );
@@ -251,7 +251,7 @@ async fn a_waiter_giving_up_before_the_actor_handles_the_release_passes_the_key_
     assert_eq!(registry.stats().await.unwrap().keys, 0);
     assert_eq!(
         table_events(&registry).await,
-        "acquire w1 7; grant w1 1; acquire w2 7; acquire w3 7; \
+        "acquire w1 1 7; grant w1 1; acquire w2 1 7; acquire w3 1 7; \
          release w1; grant w2 2; release w2; grant w3 3; cancel w2; refused w2 unknown; release w3"
     );
 }
@@ -285,7 +285,7 @@ async fn a_task_aborted_with_its_grant_in_flight_passes_the_key_on() {
     assert_eq!(registry.stats().await.unwrap().keys, 0);
     assert_eq!(
         table_events(&registry).await,
-        "acquire w1 7; grant w1 1; acquire w2 7; acquire w3 7; \
+        "acquire w1 1 7; grant w1 1; acquire w2 1 7; acquire w3 1 7; \
          release w1; grant w2 2; release w2; grant w3 3; release w3"
     );
 }

@@ -148,8 +148,7 @@ pub fn timeline_of<K>(journal: &Journal<K>, key_label: impl Fn(&K) -> String) ->
         match &entry.event {
             // A shared lock or a permit request is drawn as a lock is; holders that share a
             // key overlap on its lane.
-            JournalEvent::Acquire { waiter, key }
-            | JournalEvent::AcquirePermits { waiter, key, .. } => {
+            JournalEvent::Acquire { waiter, key, .. } => {
                 let lane = lane_index(key);
                 open.insert(
                     *waiter,
@@ -160,9 +159,7 @@ pub fn timeline_of<K>(journal: &Journal<K>, key_label: impl Fn(&K) -> String) ->
                     },
                 );
             }
-            JournalEvent::TryAcquire { key } | JournalEvent::TryAcquirePermits { key, .. } => {
-                try_acquire_lane = Some(lane_index(key))
-            }
+            JournalEvent::TryAcquire { key, .. } => try_acquire_lane = Some(lane_index(key)),
             JournalEvent::Grant {
                 waiter,
                 fencing_token,
@@ -288,10 +285,9 @@ fn place_wait(rows: &mut Vec<Vec<Bar>>, bar: Bar) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keyed_locks::trace::{IntegerKeys, parse_trace};
+    use crate::script::*;
 
-    fn timeline(trace: &str) -> Timeline {
-        let journal = parse_trace::<u64, _>(trace, &IntegerKeys).expect("a valid trace");
+    fn timeline(journal: Journal<u64>) -> Timeline {
         timeline_of(&journal, u64::to_string)
     }
 
@@ -306,14 +302,14 @@ mod tests {
 
     #[test]
     fn a_wait_runs_from_arrival_to_grant_and_a_hold_from_grant_to_release() {
-        let timeline = timeline(
-            "1 +0.000000s acquire w1 42\n\
-             2 +0.000000s grant w1 1\n\
-             3 +0.010000s acquire w2 42\n\
-             4 +0.500000s release w1\n\
-             5 +0.500000s grant w2 2\n\
-             6 +1.000000s release w2\n",
-        );
+        let timeline = timeline(timed([
+            (0, acquire(1, 42)),
+            (0, grant(1, 1)),
+            (10, acquire(2, 42)),
+            (500, release(1)),
+            (500, grant(2, 2)),
+            (1000, release(2)),
+        ]));
         assert_eq!(timeline.lanes.len(), 1);
         let lane = &timeline.lanes[0];
         assert_eq!(lane.key, "42");
@@ -334,15 +330,15 @@ mod tests {
 
     #[test]
     fn shared_holders_and_permit_requests_are_drawn_as_locks_are() {
-        let timeline = timeline(
-            "1 +0.000000s capacity 2\n\
-             2 +0.000000s acquire_permits w1 1 42\n\
-             3 +0.000000s grant w1 1\n\
-             4 +0.000000s try_acquire_permits 1 42\n\
-             5 +0.000000s grant w2 2\n\
-             6 +0.500000s release w1\n\
-             7 +1.000000s release w2\n",
-        );
+        let timeline = timeline(timed([
+            (0, JournalEvent::Capacity { permits: 2 }),
+            (0, permits(1, 42, 1)),
+            (0, grant(1, 1)),
+            (0, try_acquire(42)),
+            (0, grant(2, 2)),
+            (500, release(1)),
+            (1000, release(2)),
+        ]));
         assert_eq!(timeline.lanes.len(), 1);
         assert_eq!(
             shape(&timeline.lanes[0].holds),
@@ -355,15 +351,15 @@ mod tests {
 
     #[test]
     fn a_cancelled_wait_ends_at_the_cancel_and_a_refused_cancel_ends_nothing() {
-        let timeline = timeline(
-            "1 +0.000000s acquire w1 7\n\
-             2 +0.000000s grant w1 1\n\
-             3 +0.000000s acquire w2 7\n\
-             4 +0.000000s cancel w1\n\
-             5 +0.000000s refused w1 not_waiting\n\
-             6 +0.000000s cancel w2\n\
-             7 +0.000000s release w1\n",
-        );
+        let timeline = timeline(journal([
+            acquire(1, 7),
+            grant(1, 1),
+            acquire(2, 7),
+            cancel(1),
+            not_waiting(1),
+            cancel(2),
+            release(1),
+        ]));
         let lane = &timeline.lanes[0];
         assert_eq!(shape(&lane.holds), [(HOLD_1, 2, 7, Ending::Released)]);
         assert_eq!(
@@ -374,13 +370,13 @@ mod tests {
 
     #[test]
     fn shutdown_ends_holds_and_closes_waits() {
-        let timeline = timeline(
-            "1 +0.000000s acquire w1 7\n\
-             2 +0.000000s grant w1 1\n\
-             3 +0.000000s acquire w2 7\n\
-             4 +0.000000s shutdown\n\
-             5 +0.000000s closed w2\n",
-        );
+        let timeline = timeline(journal([
+            acquire(1, 7),
+            grant(1, 1),
+            acquire(2, 7),
+            JournalEvent::Shutdown,
+            closed(2),
+        ]));
         let lane = &timeline.lanes[0];
         assert_eq!(shape(&lane.holds), [(HOLD_1, 2, 4, Ending::Shutdown)]);
         assert_eq!(
@@ -392,12 +388,12 @@ mod tests {
 
     #[test]
     fn a_try_acquire_grant_holds_its_key_without_waiting_and_would_block_draws_nothing() {
-        let timeline = timeline(
-            "1 +0.000000s try_acquire 3\n\
-             2 +0.000000s grant w1 1\n\
-             3 +0.000000s try_acquire 3\n\
-             4 +0.000000s would_block 3\n",
-        );
+        let timeline = timeline(journal([
+            try_acquire(3),
+            grant(1, 1),
+            try_acquire(3),
+            JournalEvent::WouldBlock { key: 3 },
+        ]));
         let lane = &timeline.lanes[0];
         assert_eq!(
             (lane.key.as_str(), shape(&lane.holds)),
@@ -408,14 +404,14 @@ mod tests {
 
     #[test]
     fn overlapping_waits_go_on_separate_rows_and_later_ones_reuse_free_rows() {
-        let timeline = timeline(
-            "1 +0.000000s acquire w1 5\n\
-             2 +0.000000s grant w1 1\n\
-             3 +0.000000s acquire w2 5\n\
-             4 +0.000000s acquire w3 5\n\
-             5 +0.000000s cancel w2\n\
-             6 +0.000000s acquire w4 5\n",
-        );
+        let timeline = timeline(journal([
+            acquire(1, 5),
+            grant(1, 1),
+            acquire(2, 5),
+            acquire(3, 5),
+            cancel(2),
+            acquire(4, 5),
+        ]));
         let rows: Vec<Vec<u64>> = timeline.lanes[0]
             .wait_rows
             .iter()
@@ -426,12 +422,12 @@ mod tests {
 
     #[test]
     fn keys_get_lanes_in_order_of_first_appearance() {
-        let timeline = timeline(
-            "1 +0.000000s acquire w1 9\n\
-             2 +0.000000s grant w1 1\n\
-             3 +0.000000s acquire w2 2\n\
-             4 +0.000000s grant w2 2\n",
-        );
+        let timeline = timeline(journal([
+            acquire(1, 9),
+            grant(1, 1),
+            acquire(2, 2),
+            grant(2, 2),
+        ]));
         let keys: Vec<&str> = timeline
             .lanes
             .iter()

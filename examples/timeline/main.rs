@@ -3,18 +3,21 @@
 //! shutdowns marked.
 //!
 //! ```sh
-//! cargo run --example quickstart -- --trace quickstart.trace    # record a trace
-//! cargo run --example timeline -- quickstart.trace               # text, in the terminal
-//! cargo run --example timeline -- quickstart.trace --svg timeline.svg
+//! cargo run --example quickstart -- --trace quickstart.jsonl    # record a trace
+//! cargo run --example timeline -- quickstart.jsonl               # text, in the terminal
+//! cargo run --example timeline -- quickstart.jsonl --svg timeline.svg
 //! ```
 //!
-//! Options: `--keys string|int` says how keys are written (by default string keys are tried
-//! first, then integer keys); `--axis time|seq` puts time or event numbers on the horizontal
-//! axis (by default time, unless every event has the same time, as in hand-made traces);
-//! `--width COLUMNS` sets the width of the text timeline (default 72).
+//! The trace is JSON Lines (`keyed_locks::trace`); its keys may be unsigned integers or
+//! strings, and are shown as JSON writes them (`42`, `"user:42"`). Options: `--axis time|seq`
+//! puts time or event numbers on the horizontal axis (by default time, unless every event has
+//! the same time, as in hand-made traces); `--width COLUMNS` sets the width of the text
+//! timeline (default 72).
 
 mod axis;
 mod lanes;
+#[cfg(test)]
+mod script;
 mod svg;
 mod text;
 
@@ -23,21 +26,32 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use keyed_locks::journal::Journal;
-use keyed_locks::trace::{IntegerKeys, KeyCodec, StringKeys, TraceError, parse_trace};
+use keyed_locks::trace::TraceError;
 
 use crate::axis::{Axis, Scale};
 use crate::lanes::{Timeline, timeline_of};
 
-const USAGE: &str = "usage: timeline TRACE [--svg OUT.svg] [--keys string|int] \
-                     [--axis time|seq] [--width COLUMNS]";
+const USAGE: &str = "usage: timeline TRACE [--svg OUT.svg] [--axis time|seq] [--width COLUMNS]";
 
-/// How the trace writes its keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Keys {
-    /// Try `StringKeys`, then `IntegerKeys` (as `u64`).
-    Detect,
-    String,
-    Integer,
+/// A key of a trace: a number or a string, whichever each one is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(untagged)]
+enum TraceKey {
+    Integer(u64),
+    Text(String),
+}
+
+impl fmt::Display for TraceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TraceKey::Integer(number) => write!(f, "{number}"),
+            // As the trace writes it, in double quotes with JSON's escapes.
+            TraceKey::Text(text) => match serde_json::to_string(text) {
+                Ok(quoted) => f.write_str(&quoted),
+                Err(_) => write!(f, "{text:?}"),
+            },
+        }
+    }
 }
 
 /// What the command line asks for.
@@ -45,7 +59,6 @@ enum Keys {
 struct Options {
     trace: String,
     svg: Option<String>,
-    keys: Keys,
     axis: Option<Axis>,
     width: usize,
 }
@@ -102,7 +115,6 @@ fn options(arguments: &[String]) -> Result<Options, Failure> {
     let mut options = Options {
         trace: String::new(),
         svg: None,
-        keys: Keys::Detect,
         axis: None,
         width: 72,
     };
@@ -116,13 +128,6 @@ fn options(arguments: &[String]) -> Result<Options, Failure> {
         };
         match argument.as_str() {
             "--svg" => options.svg = Some(value("--svg")?),
-            "--keys" => {
-                options.keys = match value("--keys")?.as_str() {
-                    "string" => Keys::String,
-                    "int" => Keys::Integer,
-                    other => return usage(format!("--keys is string or int, not {other:?}")),
-                }
-            }
             "--axis" => {
                 options.axis = Some(match value("--axis")?.as_str() {
                     "time" => Axis::Time,
@@ -153,7 +158,7 @@ fn run(options: &Options) -> Result<(), Failure> {
         path: options.trace.clone(),
         source,
     })?;
-    let timeline = load(&text, options.keys).map_err(|source| Failure::Parse {
+    let timeline = load(&text).map_err(|source| Failure::Parse {
         path: options.trace.clone(),
         source,
     })?;
@@ -192,35 +197,10 @@ fn run(options: &Options) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Parses `text` with the key codec asked for, and builds its lanes.
-///
-/// Detecting tries string keys, then integer keys; if both fail, the error reported is the
-/// one further down the trace, since that codec read more of it and is likely the right one.
-fn load(text: &str, keys: Keys) -> Result<Timeline, TraceError> {
-    match keys {
-        Keys::String => lanes_with(text, &StringKeys),
-        Keys::Integer => lanes_with::<u64, _>(text, &IntegerKeys),
-        Keys::Detect => match lanes_with(text, &StringKeys) {
-            Err(string_error @ TraceError::Key { .. }) => lanes_with::<u64, _>(text, &IntegerKeys)
-                .map_err(|integer_error| {
-                    if integer_error.line() > string_error.line() {
-                        integer_error
-                    } else {
-                        string_error
-                    }
-                }),
-            result => result,
-        },
-    }
-}
-
-fn lanes_with<K, C: KeyCodec<K>>(text: &str, codec: &C) -> Result<Timeline, TraceError> {
-    let journal: Journal<K> = parse_trace(text, codec)?;
-    Ok(timeline_of(&journal, |key| {
-        let mut label = String::new();
-        codec.encode(key, &mut label);
-        label
-    }))
+/// Parses `text` and builds its lanes.
+fn load(text: &str) -> Result<Timeline, TraceError> {
+    let journal = Journal::<TraceKey>::from_json_lines(text)?;
+    Ok(timeline_of(&journal, TraceKey::to_string))
 }
 
 #[cfg(test)]
@@ -233,16 +213,12 @@ mod tests {
 
     #[test]
     fn options_read_the_trace_and_every_flag() {
-        let options = options(&arguments(
-            "t.trace --svg out.svg --keys int --axis seq --width 40",
-        ))
-        .unwrap();
+        let options = options(&arguments("t.jsonl --svg out.svg --axis seq --width 40")).unwrap();
         assert_eq!(
             options,
             Options {
-                trace: "t.trace".into(),
+                trace: "t.jsonl".into(),
                 svg: Some("out.svg".into()),
-                keys: Keys::Integer,
                 axis: Some(Axis::Sequence),
                 width: 40,
             }
@@ -254,8 +230,8 @@ mod tests {
         for line in [
             "",
             "--svg",
-            "t.trace --keys float",
-            "t.trace --frobnicate",
+            "t.jsonl --axis space",
+            "t.jsonl --frobnicate",
             "a b",
             "t --width 3",
         ] {
@@ -267,22 +243,32 @@ mod tests {
         }
     }
 
+    const HEADER: &str = r#"{"format":"keyed-locks-trace","version":3,"dropped":0}"#;
+
+    /// A trace of one entry, `event` at time 0.
+    fn one_entry(event: &str) -> String {
+        format!("{HEADER}\n{{\"seq\":1,\"at_ns\":0,\"event\":{event}}}\n")
+    }
+
     #[test]
-    fn string_and_integer_keys_are_detected() {
-        let strings = load("1 +0.000000s acquire w1 \"user:42\"\n", Keys::Detect).unwrap();
-        assert_eq!(strings.lanes[0].key, "\"user:42\"");
-        let integers = load("1 +0.000000s acquire w1 42\n", Keys::Detect).unwrap();
+    fn string_and_integer_keys_are_read_and_shown_as_the_trace_writes_them() {
+        let acquire = |key: &str| {
+            one_entry(&format!(
+                r#"{{"acquire":{{"waiter":1,"key":{key},"permits":1}}}}"#
+            ))
+        };
+        let strings = load(&acquire(r#""user:42""#)).unwrap();
+        assert_eq!(strings.lanes[0].key, r#""user:42""#);
+        let integers = load(&acquire("42")).unwrap();
         assert_eq!(integers.lanes[0].key, "42");
     }
 
     #[test]
     fn a_malformed_trace_is_reported_at_the_line_that_is_wrong() {
-        let integer_trace = "1 +0.000000s acquire w1 42\n2 +0.000000s acquire w2 4x2\n";
-        let error = load(integer_trace, Keys::Detect).unwrap_err();
-        assert_eq!(error.line(), 2, "{error}");
-        let error = load("1 +0.000000s explode w1\n", Keys::Detect).unwrap_err();
+        let error = load(&one_entry(r#""explode""#)).unwrap_err();
+        assert_eq!(error.line(), Some(2), "{error}");
         assert!(
-            error.to_string().starts_with("line 1: unknown event"),
+            error.to_string().starts_with("line 2: not a journal entry"),
             "{error}"
         );
     }
@@ -290,22 +276,23 @@ mod tests {
     #[test]
     fn absurd_but_valid_traces_are_drawn_without_panicking() {
         let far = u64::MAX - 3;
-        let trace = format!(
-            "# dropped {far}\n\
-             {} +18446744073709.551615s acquire w1 1\n\
-             {} +18446744073709.551615s grant w1 1\n\
-             {} +18446744073709.551615s release w9\n",
-            far + 1,
-            far + 2,
-            far + 3
-        );
-        let timeline = load(&trace, Keys::Detect).unwrap();
+        let latest = u128::from(u64::MAX) * 1_000_000_000 + 999_999_999;
+        let events = [
+            r#"{"acquire":{"waiter":1,"key":1,"permits":1}}"#,
+            r#"{"grant":{"waiter":1,"fencing_token":1}}"#,
+            r#"{"release":{"waiter":9}}"#,
+        ];
+        let mut trace = format!(r#"{{"format":"keyed-locks-trace","version":3,"dropped":{far}}}"#);
+        for (seq, event) in (far + 1..=u64::MAX).zip(events) {
+            trace += &format!("\n{{\"seq\":{seq},\"at_ns\":{latest},\"event\":{event}}}");
+        }
+        let timeline = load(&trace).unwrap();
         for axis in [Axis::Time, Axis::Sequence] {
             let scale = Scale::of(&timeline, axis);
             let _ = text::render_text(&timeline, &scale, 20);
             let _ = svg::render_svg(&timeline, &scale, "absurd");
         }
-        let empty = load("", Keys::Detect).unwrap();
+        let empty = load(HEADER).unwrap();
         let _ = text::render_text(&empty, &Scale::of(&empty, Axis::Time), 20);
     }
 }

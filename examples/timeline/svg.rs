@@ -2,8 +2,6 @@
 
 use std::fmt::Write as _;
 
-use keyed_locks::journal::format_waiter;
-
 use crate::axis::{Axis, Scale};
 use crate::lanes::{Bar, BarKind, Ending, Lane, Timeline};
 
@@ -166,7 +164,7 @@ fn draw_hold(svg: &mut String, hold: &Bar, top: f64, frame: &Frame<'_>, key: &st
     let (y, height) = (top + 2.0, HOLD_ROW - 4.0);
     let tooltip = format!(
         "{} held {key} with fencing token {fencing_token} from {} to {}{}",
-        format_waiter(hold.waiter),
+        hold.waiter,
         frame.scale.describe(hold.start),
         frame.scale.describe(hold.end),
         ending_words(hold.ending)
@@ -178,7 +176,7 @@ fn draw_hold(svg: &mut String, hold: &Bar, top: f64, frame: &Frame<'_>, key: &st
     );
     let centre_y = y + height / 2.0;
     // The waiter too where there is room: it ties the hold to the wait before it.
-    let long_label = format!("token {fencing_token} · {}", format_waiter(hold.waiter));
+    let long_label = format!("token {fencing_token} · {}", hold.waiter);
     let short_label = fencing_token.to_string();
     let label = [long_label, short_label]
         .into_iter()
@@ -208,7 +206,7 @@ fn draw_hold(svg: &mut String, hold: &Bar, top: f64, frame: &Frame<'_>, key: &st
 fn draw_wait(svg: &mut String, wait: &Bar, row_top: f64, frame: &Frame<'_>, key: &str) {
     let (x, width) = frame.span_of(wait);
     let (y, height) = (row_top + 3.0, WAIT_ROW - 6.0);
-    let waiter = format_waiter(wait.waiter);
+    let waiter = wait.waiter.to_string();
     let tooltip = format!(
         "{waiter} waited for {key} from {} to {}{}",
         frame.scale.describe(wait.start),

@@ -137,23 +137,25 @@ fn push_ruler(out: &mut String, scale: &Scale, label_width: usize, columns: usiz
 mod tests {
     use super::*;
     use crate::lanes::timeline_of;
-    use keyed_locks::trace::{IntegerKeys, parse_trace};
+    use crate::script::*;
+    use keyed_locks::journal::JournalEvent;
 
     #[test]
     fn text_shows_holds_with_tokens_waits_and_how_each_ended() {
-        let trace = "1 +0.000000s acquire w1 7\n\
-                     2 +0.000000s grant w1 1\n\
-                     3 +0.000000s acquire w2 7\n\
-                     4 +0.000000s acquire w3 7\n\
-                     5 +0.000000s cancel w2\n\
-                     6 +0.000000s release w1\n\
-                     7 +0.000000s grant w3 2\n\
-                     8 +0.000000s acquire w4 7\n\
-                     9 +0.000000s shutdown\n\
-                     10 +0.000000s closed w4\n\
-                     11 +0.000000s try_acquire 8\n\
-                     12 +0.000000s grant w5 3\n";
-        let journal = parse_trace::<u64, _>(trace, &IntegerKeys).unwrap();
+        let journal = journal([
+            acquire(1, 7),
+            grant(1, 1),
+            acquire(2, 7),
+            acquire(3, 7),
+            cancel(2),
+            release(1),
+            grant(3, 2),
+            acquire(4, 7),
+            JournalEvent::Shutdown,
+            closed(4),
+            try_acquire(8),
+            grant(5, 3),
+        ]);
         let timeline = timeline_of(&journal, u64::to_string);
         let scale = Scale::of(&timeline, Axis::Sequence);
         let text = render_text(&timeline, &scale, 22);

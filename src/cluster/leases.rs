@@ -33,12 +33,12 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::entropy::random_u64;
+use super::lease_note::{LeaseEvent, LeaseNote};
 use super::lease_store::{Fence, LeaseNotice, LeaseStore};
 use super::notices::LeaseNotices;
-use crate::pure::journal::LeaseEvent;
 
-/// Records a lease event in the local registry's journal (when it keeps one).
-pub(crate) type LeaseJournal = Box<dyn Fn(&str, LeaseEvent) + Send + Sync>;
+/// Records a note in the local registry's journal (when it keeps one).
+pub(crate) type LeaseJournal = Box<dyn Fn(String) + Send + Sync>;
 
 /// Bits of a fencing token that count local hand-offs under one fence; the fence is in the bits
 /// above. A fence below 2^44 (17.6 trillion acquisitions of one key) keeps tokens increasing.
@@ -157,7 +157,7 @@ impl<S: LeaseStore> Leases<S> {
 
     fn record(&self, name: &str, event: LeaseEvent) {
         if let Some(journal) = &self.journal {
-            journal(name, event);
+            journal(LeaseNote { name, event }.to_string());
         }
     }
 
@@ -278,9 +278,9 @@ impl<S: LeaseStore> Leases<S> {
             }
             // Our own later statement took the row over: the older lease is gone.
             held.validity.send_modify(|validity| validity.lost = true);
-            self.record(name, LeaseEvent::Lost { fence: held.fence });
+            self.record(name, LeaseEvent::Lost(held.fence));
         }
-        self.record(name, LeaseEvent::Granted { fence });
+        self.record(name, LeaseEvent::Granted(fence));
         let (validity, _) = watch::channel(Validity {
             lost: false,
             until: started + self.lease,
@@ -334,7 +334,7 @@ impl<S: LeaseStore> Leases<S> {
         fence: Fence,
     ) -> tokio::task::JoinHandle<Duration> {
         let leases = Arc::clone(self);
-        self.record(&name, LeaseEvent::Released { fence });
+        self.record(&name, LeaseEvent::Released(fence));
         tokio::spawn(async move {
             let started = Instant::now();
             let released = leases.store.release(&name, fence).await;
@@ -441,7 +441,7 @@ impl<S: LeaseStore> Leases<S> {
             keys.remove(name);
         }
         drop(keys);
-        self.record(name, LeaseEvent::Lost { fence });
+        self.record(name, LeaseEvent::Lost(fence));
         tracing::warn!(
             target: "keyed_locks::cluster",
             key = %name,
@@ -481,7 +481,7 @@ impl<S: LeaseStore> Leases<S> {
         }
         for (name, held) in held {
             held.validity.send_modify(|validity| validity.lost = true);
-            self.record(&name, LeaseEvent::Released { fence: held.fence });
+            self.record(&name, LeaseEvent::Released(held.fence));
         }
     }
 

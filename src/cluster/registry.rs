@@ -226,7 +226,8 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
 
     /// The local registry's journal (built with `.local(|local| local.journal(capacity))`):
     /// its table's events, with what the process did with each lease as notes
-    /// ([`JournalEvent::Lease`](crate::journal::JournalEvent::Lease)) in between. It replays
+    /// ([`JournalEvent::Note`](crate::journal::JournalEvent::Note), such as
+    /// `lease "k" granted under fence 7`) in between. It replays
     /// against the table like any journal ([`replay`](crate::replay)).
     ///
     /// # Cancel safety
@@ -406,7 +407,7 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
         let local = self.local.spawn();
         let journal: Option<leases::LeaseJournal> = journaling.then(|| {
             let local = local.clone();
-            Box::new(move |name: &str, event| local.note_lease(name, event)) as _
+            Box::new(move |note: String| local.note(note)) as _
         });
         let leases = Leases::new(store, bounds, self.config.lease, journal);
         leases::spawn_background(&leases, notices, self.config.heartbeat);

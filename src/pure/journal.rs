@@ -10,7 +10,7 @@
 //! result when a journal is on. The registry actor and the replayer both use it, so what is
 //! recorded in production and what is recomputed in a replay come from the same code.
 //!
-//! Waiters are named by their [`WaiterId`], written `w17` for the table's 17th acquirer. The
+//! Waiters are named by their [`WaiterId`], shown `w17` for the table's 17th acquirer. The
 //! table numbers acquirers in order of arrival, so a replay of the same inputs reproduces the
 //! same ids.
 
@@ -25,25 +25,22 @@ use crate::pure::table::{
     Acquired, Grant, KeySet, LockTable, Permits, WaiterError, WaiterId, WouldBlock,
 };
 
-/// One thing the table saw (an input) or did (an output).
+/// One thing the table saw (an input) or did (an output), or a note from a layer above it.
+///
+/// With the `serde` feature it is `Serialize` and `Deserialize`, in `snake_case` (the
+/// variant's name as the tag, its fields inside: `{"grant":{"waiter":1,"fencing_token":1}}`);
+/// [`trace`](crate::trace) writes journals as JSON Lines that way.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case", deny_unknown_fields)
+)]
 #[non_exhaustive]
 pub enum JournalEvent<K> {
-    /// Input: `waiter` asked for `key` and waits if it is held.
+    /// Input: `waiter` asked for `permits` of `key`'s permits and waits until they are free.
+    /// An exclusive lock asks for all of them (the table's capacity), a shared lock for 1.
     Acquire {
-        /// The id the table gave the new acquirer.
-        waiter: WaiterId,
-        /// The key asked for.
-        key: K,
-    },
-    /// Input: someone asked for `key` only if it is free. The table names the acquirer only
-    /// if it grants the key, in the `Grant` that follows.
-    TryAcquire {
-        /// The key asked for.
-        key: K,
-    },
-    /// Input: `waiter` asked for `permits` of `key`'s permits (a shared lock asks for 1).
-    AcquirePermits {
         /// The id the table gave the new acquirer.
         waiter: WaiterId,
         /// The key asked for.
@@ -51,8 +48,9 @@ pub enum JournalEvent<K> {
         /// The permits asked for.
         permits: u32,
     },
-    /// Input: someone asked for `permits` of `key`'s permits only if they are free now.
-    TryAcquirePermits {
+    /// Input: someone asked for `permits` of `key`'s permits only if they are free now. The
+    /// table names the acquirer only if it grants them, in the `Grant` that follows.
+    TryAcquire {
         /// The key asked for.
         key: K,
         /// The permits asked for.
@@ -116,50 +114,20 @@ pub enum JournalEvent<K> {
         /// Why.
         reason: Refusal,
     },
-    /// A note, neither input nor output of the table: what cluster mode did with the lease of
-    /// a key, recorded in order with the table's events. A replay copies notes as they are.
-    /// Boxed: notes are rare, and every other event stays small.
-    Lease(Box<LeaseNote>),
-}
-
-/// What cluster mode did with one lease (see [`JournalEvent::Lease`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseNote {
-    /// The lease's name: the key's `Display` text.
-    pub name: String,
-    /// What happened to it.
-    pub event: LeaseEvent,
-}
-
-/// What happened to a key's lease in cluster mode (see [`JournalEvent::Lease`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LeaseEvent {
-    /// The key's local holder asked the lease table for the lease.
-    Requested,
-    /// The process took the lease under `fence`.
-    Granted {
-        /// The lease row's fence, the high bits of the guards' fencing tokens.
-        fence: u64,
-    },
-    /// The lease under `fence` was lost: taken by another process, not renewed in time, or
-    /// given up at shutdown.
-    Lost {
-        /// The lost lease's fence.
-        fence: u64,
-    },
-    /// The process gave the lease under `fence` back.
-    Released {
-        /// The released lease's fence.
-        fence: u64,
+    /// A note, neither input nor output of the table: text that a layer above the table
+    /// recorded in order with the table's events (cluster mode notes what it did with each
+    /// key's lease). The table does not know what it means; a replay copies it as it is.
+    Note {
+        /// What the layer above recorded.
+        text: String,
     },
 }
 
 impl<K> JournalEvent<K> {
-    /// Whether this is a note ([`JournalEvent::Lease`]): recorded in order with the table's
+    /// Whether this is a [`Note`](JournalEvent::Note): recorded in order with the table's
     /// events, but neither an input nor an output of the table.
     pub fn is_note(&self) -> bool {
-        matches!(self, JournalEvent::Lease(_))
+        matches!(self, JournalEvent::Note { .. })
     }
 
     /// Whether this is an input to the table (as opposed to an output it produced).
@@ -168,8 +136,6 @@ impl<K> JournalEvent<K> {
             self,
             JournalEvent::Acquire { .. }
                 | JournalEvent::TryAcquire { .. }
-                | JournalEvent::AcquirePermits { .. }
-                | JournalEvent::TryAcquirePermits { .. }
                 | JournalEvent::AcquireAll { .. }
                 | JournalEvent::TryAcquireAll { .. }
                 | JournalEvent::Capacity { .. }
@@ -182,6 +148,11 @@ impl<K> JournalEvent<K> {
 
 /// Why the table refused a release or a cancel (see [`WaiterError`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum Refusal {
     /// No such waiter (never issued, or already gone).
@@ -204,26 +175,71 @@ impl Refusal {
 }
 
 /// One journal line: a sequence number, the time since the registry started, and the event.
+///
+/// With the `serde` feature the time is written as whole nanoseconds, `at_ns`, so that it
+/// round-trips exactly.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(deny_unknown_fields)
+)]
 pub struct JournalEntry<K> {
     /// 1 for the first event the registry recorded, then one more for each event. Numbers keep
     /// counting when old entries are dropped from a full journal.
     pub seq: u64,
     /// Time since the registry started, by tokio's clock (so paused time in tests gives
     /// identical journals).
+    #[cfg_attr(feature = "serde", serde(rename = "at_ns", with = "nanoseconds"))]
     pub at: Duration,
     /// What happened.
     pub event: JournalEvent<K>,
 }
 
 /// A snapshot of a registry's journal.
+///
+/// With the `serde` feature, [`trace`](crate::trace) writes it as JSON Lines and reads it
+/// back.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(deny_unknown_fields)
+)]
 pub struct Journal<K> {
     /// The retained entries, oldest first.
     pub entries: Vec<JournalEntry<K>>,
     /// How many of the oldest entries were dropped because the journal was full. A journal
     /// with dropped entries shows what happened lately, but cannot be replayed.
     pub dropped: u64,
+}
+
+/// `at` as whole nanoseconds: exact, unlike seconds as a float, and one plain number.
+#[cfg(feature = "serde")]
+mod nanoseconds {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+
+    const PER_SECOND: u128 = 1_000_000_000;
+
+    pub(super) fn serialize<S: Serializer>(
+        at: &Duration,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u128(at.as_nanos())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Duration, D::Error> {
+        let nanoseconds = u128::deserialize(deserializer)?;
+        let seconds = u64::try_from(nanoseconds / PER_SECOND)
+            .map_err(|_| D::Error::custom("at_ns is beyond the longest time a Duration holds"))?;
+        // The remainder is below 10^9, so it fits.
+        let subsec = (nanoseconds % PER_SECOND) as u32;
+        Ok(Duration::new(seconds, subsec))
+    }
 }
 
 impl<K> Default for Journal<K> {
@@ -325,8 +341,8 @@ where
     /// microseconds. The table itself never reads a clock: the caller passes time in.
     pub fn set_time(&mut self, since_start: Duration) {
         if let Some(ring) = &mut self.ring {
-            // Microseconds are the resolution of a trace line (`+0.004113s`): truncating here
-            // keeps recorded traces short and makes them round-trip exactly.
+            // Microseconds are all a timeline shows; whole ones keep a trace's times short
+            // (`"at_ns":4113000`) and journals of one run comparable with a replay's.
             ring.now = Duration::new(since_start.as_secs(), since_start.subsec_micros() * 1_000);
         }
     }
@@ -353,62 +369,28 @@ where
         }
     }
 
-    /// Records a note ([`JournalEvent::is_note`]) in order with the table's events; the table
-    /// itself does not change. Anything else is ignored: the table's own events are recorded
-    /// only by the calls that cause them.
-    pub fn note(&mut self, event: JournalEvent<K>) {
-        if let Some(ring) = &mut self.ring
-            && event.is_note()
-        {
-            ring.push(event);
+    /// Records a [`Note`](JournalEvent::Note) with `text` in order with the table's events;
+    /// the table itself does not change.
+    pub fn note(&mut self, text: String) {
+        if let Some(ring) = &mut self.ring {
+            ring.push(JournalEvent::Note { text });
         }
     }
 
-    /// [`LockTable::acquire`], recorded.
+    /// [`LockTable::acquire_permits`], recorded. An exclusive lock asks for
+    /// [`LockTable::all_permits`], and is recorded with that count like any other.
     #[inline]
-    pub fn acquire(&mut self, key: K, delivery: D) -> Acquired<D> {
+    pub fn acquire(&mut self, key: K, permits: Permits, delivery: D) -> Acquired<D> {
         if self.ring.is_none() {
-            return self.table.acquire(key, delivery);
+            return self.table.acquire_permits(key, permits, delivery);
         }
-        self.acquire_recorded(key, delivery)
+        self.acquire_recorded(key, permits, delivery)
     }
 
     /// [`Self::acquire`] with the journal on: out of line, so that the path without one
     /// inlines into its caller.
     #[inline(never)]
-    fn acquire_recorded(&mut self, key: K, delivery: D) -> Acquired<D> {
-        let Some(ring) = &mut self.ring else {
-            return self.table.acquire(key, delivery);
-        };
-        let recorded_key = key.clone();
-        let acquired = self.table.acquire(key, delivery);
-        let waiter = match &acquired {
-            Acquired::Granted(grant) => grant.waiter_id,
-            Acquired::Queued(waiter_id) => *waiter_id,
-        };
-        ring.push(JournalEvent::Acquire {
-            waiter,
-            key: recorded_key,
-        });
-        if let Acquired::Granted(grant) = &acquired {
-            ring.push(grant_event(grant));
-        }
-        acquired
-    }
-
-    /// [`LockTable::acquire_permits`], recorded.
-    #[inline]
-    pub fn acquire_permits(&mut self, key: K, permits: Permits, delivery: D) -> Acquired<D> {
-        if self.ring.is_none() {
-            return self.table.acquire_permits(key, permits, delivery);
-        }
-        self.acquire_permits_recorded(key, permits, delivery)
-    }
-
-    /// [`Self::acquire_permits`] with the journal on: out of line, so that the path without one
-    /// inlines into its caller.
-    #[inline(never)]
-    fn acquire_permits_recorded(&mut self, key: K, permits: Permits, delivery: D) -> Acquired<D> {
+    fn acquire_recorded(&mut self, key: K, permits: Permits, delivery: D) -> Acquired<D> {
         let Some(ring) = &mut self.ring else {
             return self.table.acquire_permits(key, permits, delivery);
         };
@@ -418,7 +400,7 @@ where
             Acquired::Granted(grant) => grant.waiter_id,
             Acquired::Queued(waiter_id) => *waiter_id,
         };
-        ring.push(JournalEvent::AcquirePermits {
+        ring.push(JournalEvent::Acquire {
             waiter,
             key: recorded_key,
             permits: permits.get(),
@@ -430,15 +412,11 @@ where
     }
 
     /// [`LockTable::try_acquire_permits`], recorded.
-    pub fn try_acquire_permits(
-        &mut self,
-        key: K,
-        permits: Permits,
-    ) -> Result<Grant<()>, WouldBlock> {
+    pub fn try_acquire(&mut self, key: K, permits: Permits) -> Result<Grant<()>, WouldBlock> {
         let Some(ring) = &mut self.ring else {
             return self.table.try_acquire_permits(key, permits);
         };
-        ring.push(JournalEvent::TryAcquirePermits {
+        ring.push(JournalEvent::TryAcquire {
             key: key.clone(),
             permits: permits.get(),
         });
@@ -450,25 +428,14 @@ where
         result
     }
 
-    /// [`LockTable::try_acquire`], recorded.
-    pub fn try_acquire(&mut self, key: K) -> Result<Grant<()>, WouldBlock> {
-        let Some(ring) = &mut self.ring else {
-            return self.table.try_acquire(key);
-        };
-        ring.push(JournalEvent::TryAcquire { key: key.clone() });
-        let result = self.table.try_acquire(key.clone());
-        ring.push(match &result {
-            Ok(grant) => grant_event(grant),
-            Err(WouldBlock) => JournalEvent::WouldBlock { key },
-        });
-        result
-    }
-
-    /// [`LockTable::acquire_all`], recorded: as [`Acquire`](JournalEvent::Acquire) for a set
-    /// of one key, as [`AcquireAll`](JournalEvent::AcquireAll) otherwise.
+    /// [`LockTable::acquire_all`], recorded: as [`Acquire`](JournalEvent::Acquire) of every
+    /// permit for a set of one key, as [`AcquireAll`](JournalEvent::AcquireAll) otherwise.
     pub fn acquire_all(&mut self, keys: KeySet<K>, delivery: D) -> Acquired<D> {
         let keys = match keys.into_single() {
-            Ok(key) => return self.acquire(key, delivery),
+            Ok(key) => {
+                let every_permit = self.table.all_permits();
+                return self.acquire(key, every_permit, delivery);
+            }
             Err(keys) => keys,
         };
         let Some(ring) = &mut self.ring else {
@@ -491,10 +458,13 @@ where
     }
 
     /// [`LockTable::try_acquire_all`], recorded: as [`TryAcquire`](JournalEvent::TryAcquire)
-    /// for a set of one key, as [`TryAcquireAll`](JournalEvent::TryAcquireAll) otherwise.
+    /// of every permit for a set of one key, as [`TryAcquireAll`](JournalEvent::TryAcquireAll) otherwise.
     pub fn try_acquire_all(&mut self, keys: KeySet<K>) -> Result<Grant<()>, WouldBlock> {
         let keys = match keys.into_single() {
-            Ok(key) => return self.try_acquire(key),
+            Ok(key) => {
+                let every_permit = self.table.all_permits();
+                return self.try_acquire(key, every_permit);
+            }
             Err(keys) => keys,
         };
         let Some(ring) = &mut self.ring else {
@@ -620,25 +590,4 @@ fn refused<K>(waiter: WaiterId, error: WaiterError) -> JournalEvent<K> {
         waiter,
         reason: Refusal::of(error),
     }
-}
-
-/// A waiter id as journals and traces write it: `w` and its arrival number (`w17`).
-pub fn format_waiter(waiter: WaiterId) -> String {
-    waiter.to_string()
-}
-
-/// The id that [`format_waiter`] wrote as `text`, or `None` if `text` is not one. Arrival
-/// numbers start at 1, so `w0` is refused.
-pub fn parse_waiter(text: &str) -> Option<WaiterId> {
-    let number = text.strip_prefix('w')?;
-    if !is_decimal(number) {
-        return None;
-    }
-    WaiterId::new(number.parse().ok()?)
-}
-
-/// Whether `text` is one or more ASCII digits and nothing else: the one spelling of a number
-/// in journals and traces (`str::parse` would also take a leading `+`).
-pub(crate) fn is_decimal(text: &str) -> bool {
-    !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit())
 }

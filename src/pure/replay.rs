@@ -38,7 +38,6 @@ use std::num::NonZeroU32;
 
 use crate::pure::journal::{Journal, JournalEntry, JournalEvent, JournaledTable};
 use crate::pure::table::KeySet;
-use crate::pure::trace::{TraceTime, write_event};
 
 /// Why a journal could not be replayed at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,13 +137,19 @@ impl<K> From<ReplayError> for VerifyError<K> {
 /// # Examples
 ///
 /// ```
-/// use keyed_locks::journal::JournalEvent;
+/// use std::time::Duration;
+///
+/// use keyed_locks::journal::{Journal, JournalEntry, JournalEvent};
 /// use keyed_locks::replay::replay;
-/// use keyed_locks::trace::{IntegerKeys, parse_trace};
+/// use keyed_locks::table::WaiterId;
 ///
 /// // Only the inputs matter: the grant is recomputed.
-/// let journal = parse_trace("1 +0.000000s acquire w1 7\n", &IntegerKeys).unwrap();
-/// let replayed = replay::<u8>(&journal).unwrap();
+/// let acquire = JournalEvent::Acquire { waiter: WaiterId::new(1).unwrap(), key: 7u8, permits: 1 };
+/// let journal = Journal {
+///     entries: vec![JournalEntry { seq: 1, at: Duration::ZERO, event: acquire }],
+///     dropped: 0,
+/// };
+/// let replayed = replay(&journal).unwrap();
 /// assert!(matches!(replayed[1].event, JournalEvent::Grant { fencing_token: 1, .. }));
 /// ```
 pub fn replay<K>(journal: &Journal<K>) -> Result<Vec<JournalEntry<K>>, ReplayError>
@@ -178,24 +183,18 @@ where
         // Results are ignored: the journaled table records them, refusals included, and the
         // comparison is what judges them.
         match &entry.event {
-            JournalEvent::Acquire { key, .. } => {
-                // The recorded id is not passed in: the table picks ids itself, and a replay
-                // that picks another one shows up as a divergence on this very event.
-                let _ = table.acquire(key.clone(), ());
-            }
-            JournalEvent::TryAcquire { key } => {
-                let _ = table.try_acquire(key.clone());
-            }
-            // A count the table cannot take (an edited trace) is not fed: the replay then
-            // lacks this event, and the comparison reports it.
-            JournalEvent::AcquirePermits { key, permits, .. } => {
+            // The recorded id is not passed in: the table picks ids itself, and a replay that
+            // picks another one shows up as a divergence on this very event. A count the table
+            // cannot take (an edited trace) is not fed: the replay then lacks this event, and
+            // the comparison reports it.
+            JournalEvent::Acquire { key, permits, .. } => {
                 if let Ok(permits) = table.table().permits(*permits) {
-                    let _ = table.acquire_permits(key.clone(), permits, ());
+                    let _ = table.acquire(key.clone(), permits, ());
                 }
             }
-            JournalEvent::TryAcquirePermits { key, permits } => {
+            JournalEvent::TryAcquire { key, permits } => {
                 if let Ok(permits) = table.table().permits(*permits) {
-                    let _ = table.try_acquire_permits(key.clone(), permits);
+                    let _ = table.try_acquire(key.clone(), permits);
                 }
             }
             // An empty set (an edited trace) is not fed either; duplicates are removed as the
@@ -224,7 +223,7 @@ where
             JournalEvent::Shutdown => {
                 let _ = table.shutdown();
             }
-            JournalEvent::Lease(_) => table.note(entry.event.clone()),
+            JournalEvent::Note { text } => table.note(text.clone()),
             JournalEvent::Grant { .. }
             | JournalEvent::WouldBlock { .. }
             | JournalEvent::WouldBlockAll
@@ -241,11 +240,18 @@ where
 /// # Examples
 ///
 /// ```
-/// use keyed_locks::replay::{first_divergence, replay};
-/// use keyed_locks::trace::{StringKeys, parse_trace};
+/// use std::time::Duration;
 ///
-/// let trace = "1 +0.000000s try_acquire \"k\"\n2 +0.000000s grant w1 9\n";
-/// let recorded = parse_trace(trace, &StringKeys).unwrap();
+/// use keyed_locks::journal::{Journal, JournalEntry, JournalEvent};
+/// use keyed_locks::replay::{first_divergence, replay};
+/// use keyed_locks::table::WaiterId;
+///
+/// let events = [
+///     JournalEvent::TryAcquire { key: "k", permits: 1 },
+///     JournalEvent::Grant { waiter: WaiterId::new(1).unwrap(), fencing_token: 9 },
+/// ];
+/// let entries = (1..).zip(events).map(|(seq, event)| JournalEntry { seq, at: Duration::ZERO, event });
+/// let recorded = Journal { entries: entries.collect(), dropped: 0 };
 /// let replayed = replay(&recorded).unwrap();
 /// let divergence = first_divergence(&recorded.entries, &replayed).unwrap();
 /// assert_eq!(divergence.seq, 2); // a fresh table's first token is 1, not 9
@@ -286,21 +292,31 @@ where
 /// # Examples
 ///
 /// ```
-/// use keyed_locks::replay::{VerifyError, verify};
-/// use keyed_locks::trace::{StringKeys, parse_trace};
+/// use std::time::Duration;
 ///
-/// let trace = "\
-/// 1 +0.000000s acquire w1 \"k\"
-/// 2 +0.000000s grant w1 1
-/// 3 +0.000100s release w2
-/// 4 +0.000100s grant w2 2
-/// ";
-/// let journal = parse_trace(trace, &StringKeys).unwrap();
+/// use keyed_locks::journal::{Journal, JournalEntry, JournalEvent, Refusal};
+/// use keyed_locks::replay::{VerifyError, verify};
+/// use keyed_locks::table::WaiterId;
+///
+/// let (w1, w2) = (WaiterId::new(1).unwrap(), WaiterId::new(2).unwrap());
+/// let events = [
+///     JournalEvent::Acquire { waiter: w1, key: "k", permits: 1 },
+///     JournalEvent::Grant { waiter: w1, fencing_token: 1 },
+///     JournalEvent::Release { waiter: w2 },
+///     JournalEvent::Grant { waiter: w2, fencing_token: 2 },
+/// ];
+/// let entries = (1..).zip(events).map(|(seq, event)| JournalEntry { seq, at: Duration::ZERO, event });
+/// let journal = Journal { entries: entries.collect(), dropped: 0 };
 /// let Err(VerifyError::Diverged(divergence)) = verify(&journal) else { panic!() };
+/// assert_eq!(divergence.seq, 4);
+/// assert_eq!(
+///     divergence.got.as_ref().map(|entry| &entry.event),
+///     Some(&JournalEvent::Refused { waiter: w2, reason: Refusal::Unknown })
+/// );
 /// assert_eq!(
 ///     divergence.to_string(),
-///     "replay diverges at seq 4: expected `4 +0.000100s grant w2 2`, \
-///      got `4 +0.000100s refused w2 unknown`"
+///     "replay diverges at seq 4: expected `4 +0ns Grant { waiter: w2, fencing_token: 2 }`, \
+///      got `4 +0ns Refused { waiter: w2, reason: Unknown }`"
 /// );
 /// ```
 pub fn verify<K>(journal: &Journal<K>) -> Result<(), VerifyError<K>>
@@ -314,20 +330,15 @@ where
     }
 }
 
-/// An entry shown as its trace line in backquotes with keys in their `Debug` form, or the
-/// given words if there is no entry.
+/// An entry shown as its sequence number, its time and its event's `Debug`, in backquotes,
+/// or the given words if there is no entry.
 struct ShownEntry<'a, K>(Option<&'a JournalEntry<K>>, &'static str);
 
 impl<K: fmt::Debug> fmt::Display for ShownEntry<'_, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Some(entry) = self.0 else {
-            return f.write_str(self.1);
-        };
-        let mut line = format!("{} {} ", entry.seq, TraceTime(entry.at));
-        write_event(&mut line, &entry.event, &|key, out| {
-            use fmt::Write as _;
-            let _ = write!(out, "{key:?}");
-        });
-        write!(f, "`{line}`")
+        match self.0 {
+            Some(entry) => write!(f, "`{} +{:?} {:?}`", entry.seq, entry.at, entry.event),
+            None => f.write_str(self.1),
+        }
     }
 }

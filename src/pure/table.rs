@@ -79,12 +79,17 @@ use records::Records;
 /// The table numbers acquirers 1, 2, 3, ... in order of arrival: every
 /// [`acquire`](LockTable::acquire), and every [`try_acquire`](LockTable::try_acquire) that is
 /// granted, takes the next number. A number is never issued twice, so a late release or cancel
-/// of an old id cannot touch a newer acquirer. Journals and traces write an id as `w` and its
-/// number (`w17`).
+/// of an old id cannot touch a newer acquirer. It is shown as `w` and its number (`w17`), and
+/// a trace writes the number.
 ///
 /// The numbering is part of the table's contract (traces depend on it) and does not change
 /// without a new trace format version.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(transparent)
+)]
 pub struct WaiterId(NonZeroU64);
 
 impl WaiterId {

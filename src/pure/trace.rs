@@ -1,1181 +1,313 @@
-//! Traces: journals as text, one event per line, for reading, diffing, committing and replaying.
+//! Traces: journals as JSON Lines, for reading, diffing, committing and replaying.
 //!
-//! [`write_trace`] turns a [`Journal`] into text and [`parse_trace`] reads it back; for every
-//! journal `j`, `parse_trace(&write_trace(&j, &codec), &codec) == Ok(j)`. Keys are written by a
-//! [`KeyCodec`] the caller chooses: [`IntegerKeys`] for the integer types, [`StringKeys`] for
-//! `String`, or one of your own.
-//!
-//! ```text
-//! # keyed-locks trace v2
-//! # dropped 0
-//! 1 +0.000000s acquire w1 "user:42"
-//! 2 +0.000000s grant w1 1
-//! 3 +0.000850s acquire w2 "user:42"
-//! 4 +0.004113s release w1
-//! 5 +0.004113s grant w2 2
-//! ```
-//!
-//! # Grammar
-//!
-//! Lines end with `\n` (a `\r` before it is ignored, so Windows checkouts read the same).
-//! Tokens are separated by exactly one space. Everything is case-sensitive.
+//! Needs the `serde` feature. A trace is a header line, then one
+//! [`JournalEntry`](crate::journal::JournalEntry) per line, each a JSON object as serde writes
+//! the journal's types:
 //!
 //! ```text
-//! trace    = [ header ] { line } ;
-//! header   = "# keyed-locks trace v2" ;              (* only as the first line *)
-//! line     = blank | dropped | comment | event ;   (* key lines follow their event *)
-//! blank    = { " " | "\t" } ;
-//! dropped  = "# dropped " count ;                   (* at most once, before any event *)
-//! comment  = "#" { any character } ;               (* not a header or dropped line *)
-//! event    = seq " " time " " action ;
-//! seq      = count ;                                (* see "Checks" below *)
-//! time     = "+" count "." micros "s" ;             (* seconds since the registry started *)
-//! micros   = 6 * digit | 9 * digit ;                (* 9 digits only if not whole µs *)
-//! action   = "acquire " waiter " " key                (* exclusive: every permit *)
-//!          | "try_acquire " key
-//!          | "acquire_permits " waiter " " count " " key  (* 1 for a shared lock *)
-//!          | "try_acquire_permits " count " " key
-//!          | "capacity " count                     (* permits per key; first, if not 1 *)
-//!          | "acquire_all " waiter " " count keys   (* several keys, exclusive, at once *)
-//!          | "try_acquire_all " count keys
-//!          | "would_block_all"
-//!          | "release " waiter
-//!          | "cancel " waiter
-//!          | "shutdown"
-//!          | "grant " waiter " " count              (* the fencing token *)
-//!          | "would_block " key
-//!          | "closed " waiter
-//!          | "refused " waiter " " refusal
-//!          | "lease_requested " name                 (* notes: see "Lease notes" *)
-//!          | "lease_granted " count " " name         (* the lease's fence *)
-//!          | "lease_lost " count " " name
-//!          | "lease_released " count " " name ;
-//! keys     = count * ( "\n| " key ) ;                (* one key line per key, in order *)
-//! refusal  = "unknown" | "not_holding" | "not_waiting" ;
-//! waiter   = "w" count ;                            (* arrival number, from 1: w17 *)
-//! key      = { any character } ;                    (* the rest of the line, read by the codec *)
-//! name     = { any character } ;                    (* the rest of the line, as StringKeys *)
-//! count    = digit { digit } ;                      (* fits a u64 *)
+//! {"format":"keyed-locks-trace","version":3,"dropped":0,"description":"two requests for 42"}
+//! {"seq":1,"at_ns":0,"event":{"acquire":{"waiter":1,"key":42,"permits":1}}}
+//! {"seq":2,"at_ns":0,"event":{"grant":{"waiter":1,"fencing_token":1}}}
+//! {"seq":3,"at_ns":10000000,"event":{"acquire":{"waiter":2,"key":42,"permits":1}}}
+//! {"seq":4,"at_ns":500000000,"event":{"release":{"waiter":1}}}
+//! {"seq":5,"at_ns":500000000,"event":{"grant":{"waiter":2,"fencing_token":2}}}
 //! ```
 //!
-//! The `count` lines after a multi-key event are its keys, each as `| ` and the key; nothing
-//! else (no blank line, no comment) may come between them:
+//! - The header names the format (`"keyed-locks-trace"`), its version ([`TRACE_VERSION`]),
+//!   how many of the oldest events the journal dropped, and optionally a `description`: free
+//!   text saying what the trace shows and where it came from.
+//! - An entry has its sequence number, its time since the registry started in whole
+//!   nanoseconds (`at_ns`), and its event, named in `snake_case` with its fields inside
+//!   (`"shutdown"` and `"would_block_all"` have none and are written as plain strings). A
+//!   waiter is its arrival number at the table; an acquire carries its permit count, all of
+//!   the key's permits for an exclusive lock. Keys are written as serde writes the key type:
+//!   any `Serialize` key can be written, any `DeserializeOwned` key read back.
+//! - Blank lines are ignored. Reading is all-or-nothing: the first problem is a
+//!   `TraceError` naming its line. Beyond the JSON, the reader checks that the first entry
+//!   is numbered `dropped + 1` and each later one is one more than the one before. Whether the
+//!   events make sense together is what [`replay`](crate::replay) checks.
 //!
-//! ```text
-//! 6 +0.000210s acquire_all w4 2
-//! | "account:7"
-//! | "account:9"
-//! 7 +0.000210s grant w4 5
-//! ```
-//!
-//! A line that starts with `# dropped` is a dropped line and must be well formed; a line that
-//! starts with `# keyed-locks trace ` is a header and must name `v2`. A comment cannot follow an
-//! event on the same line, because a key runs to the end of its line.
-//!
-//! # Lease notes
-//!
-//! In cluster mode the journal also records what the process did with each key's lease
-//! (`lease_granted 7 "account:42"`). These lines are notes: neither inputs nor outputs of the
-//! table. A replay copies them where they stand, so a cluster process's journal replays
-//! against its table like any other. A lease is named by text (its key's `Display`), written
-//! as [`StringKeys`] writes a key, whatever the registry's key codec.
-//!
-//! # Versions
-//!
-//! - `v2`: a waiter is named by its arrival number at the table ([`WaiterId`]), and a shutdown
-//!   closes waiters in order of arrival.
-//! - `v1` named a waiter by the slot and generation of the table's former storage (`w3v1`) and
-//!   closed waiters in storage order, which the table no longer reproduces. The parser rejects
-//!   it with [`TraceError::UnsupportedVersion`]; record the trace again.
-//!
-//! # Checks
-//!
-//! [`parse_trace`] is strict and all-or-nothing: the first problem is returned as a
-//! [`TraceError`] naming its line, and no partial journal is ever returned. Beyond the grammar
-//! it checks that the first event is numbered `dropped + 1` (numbers count dropped events too),
-//! that each later number is one more than the one before, and that times never go backwards.
-//! It does not check that the events make sense together (a grant nobody asked for, a release
-//! of a waiter that never held): that is what [`replay`](crate::replay) is for.
+//! Versions 1 and 2 were a hand-written text format (`# keyed-locks trace v2`); the reader
+//! names their version in its error, and such traces are recorded again.
 
-use std::error::Error;
-use std::fmt;
-use std::fmt::Write as _;
-use std::time::Duration;
+#[cfg(feature = "serde")]
+pub use json_lines::TraceError;
 
-use crate::pure::journal::{
-    Journal, JournalEntry, JournalEvent, LeaseEvent, LeaseNote, Refusal, format_waiter,
-    parse_waiter,
-};
-use crate::pure::table::WaiterId;
+/// The `format` of a trace's header line.
+pub const TRACE_FORMAT: &str = "keyed-locks-trace";
 
-/// The first line [`write_trace`] writes, and the only trace version [`parse_trace`] reads.
-pub const TRACE_HEADER: &str = "# keyed-locks trace v2";
+/// The `version` of the traces this crate writes, and the only one it reads.
+pub const TRACE_VERSION: u32 = 3;
 
-const HEADER_PREFIX: &str = "# keyed-locks trace ";
-const DROPPED_PREFIX: &str = "# dropped";
-/// Starts each key line of a multi-key event.
-const KEY_LINE_PREFIX: &str = "| ";
+#[cfg(feature = "serde")]
+mod json_lines {
+    use std::borrow::Cow;
+    use std::error::Error;
+    use std::fmt;
+    use std::io;
 
-/// Writes keys into trace lines and reads them back.
-///
-/// A codec must round-trip: `decode` of what `encode` wrote gives an equal key. What `encode`
-/// writes must not contain a line break (`\n` or `\r`), since a key runs to the end of its line.
-///
-/// # Examples
-///
-/// ```
-/// use keyed_locks::trace::{KeyCodec, StringKeys};
-///
-/// let mut text = String::new();
-/// StringKeys.encode(&"say \"hi\"".to_string(), &mut text);
-/// assert_eq!(text, r#""say \"hi\"""#);
-/// assert_eq!(StringKeys.decode(&text).unwrap(), "say \"hi\"");
-/// ```
-pub trait KeyCodec<K> {
-    /// Why a text is not a key.
-    type Error: Error + Send + Sync + 'static;
+    use serde::de::DeserializeOwned;
+    use serde::{Deserialize, Serialize};
 
-    /// Appends `key`, as text without line breaks, to `out`.
-    fn encode(&self, key: &K, out: &mut String);
+    use super::{TRACE_FORMAT, TRACE_VERSION};
+    use crate::pure::journal::{Journal, JournalEntry};
 
-    /// Reads a key from `text`, the rest of a trace line after the event's other fields.
-    ///
-    /// # Errors
-    ///
-    /// When `text` is not exactly one key as `encode` writes it.
-    fn decode(&self, text: &str) -> Result<K, Self::Error>;
-}
+    /// The first line of a trace.
+    #[derive(Serialize, Deserialize)]
+    struct Header<'a> {
+        #[serde(borrow)]
+        format: Cow<'a, str>,
+        version: u32,
+        dropped: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none", borrow)]
+        description: Option<Cow<'a, str>>,
+    }
 
-/// Keys of any std integer type, written in decimal: `42`, `-7`.
-///
-/// # Examples
-///
-/// ```
-/// use keyed_locks::trace::{IntegerKeys, KeyCodec};
-///
-/// let key: u16 = IntegerKeys.decode("4096").unwrap();
-/// assert_eq!(key, 4096);
-/// assert!(KeyCodec::<u8>::decode(&IntegerKeys, "4096").is_err());
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct IntegerKeys;
+    /// What the text traces of versions 1 and 2 began with.
+    const TEXT_HEADER_PREFIX: &str = "# keyed-locks trace v";
 
-/// Why [`IntegerKeys`] could not read a key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum IntegerKeyError {
-    /// The text is not an optional `-` followed by decimal digits.
-    NotAnInteger {
-        /// The text found.
-        found: String,
-    },
-    /// The number does not fit the key type.
-    OutOfRange {
-        /// The text found.
-        found: String,
-        /// The key type, such as `u8`.
-        type_name: &'static str,
-    },
-}
+    /// Why a trace could not be written or read.
+    #[derive(Debug)]
+    #[non_exhaustive]
+    pub enum TraceError {
+        /// The text has no header line: it is empty, or blank.
+        MissingHeader,
+        /// The first line is not a header line.
+        Header {
+            /// What JSON found wrong with it.
+            source: serde_json::Error,
+        },
+        /// The header names another format.
+        NotATrace {
+            /// The format named.
+            found: String,
+        },
+        /// The header names a version this crate does not read.
+        UnsupportedVersion {
+            /// The version named.
+            found: u32,
+        },
+        /// A line after the header is not a journal entry.
+        Entry {
+            /// The line, counting from 1 (the header).
+            line: usize,
+            /// What JSON found wrong with it.
+            source: serde_json::Error,
+        },
+        /// An entry's sequence number does not follow the one before (or, for the first entry,
+        /// the dropped count).
+        BadSequence {
+            /// The line, counting from 1 (the header).
+            line: usize,
+            /// The number that should be there.
+            expected: u64,
+            /// The number found.
+            found: u64,
+        },
+        /// A journal could not be written: a key's `Serialize` failed, or the writer did.
+        Write {
+            /// What failed.
+            source: serde_json::Error,
+        },
+    }
 
-impl fmt::Display for IntegerKeyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            IntegerKeyError::NotAnInteger { found } => {
-                write!(
+    impl TraceError {
+        /// The line of the trace the error is about, counting from 1 (the header); `None` for a
+        /// [`Write`](TraceError::Write) error.
+        pub fn line(&self) -> Option<usize> {
+            match self {
+                TraceError::MissingHeader
+                | TraceError::Header { .. }
+                | TraceError::NotATrace { .. }
+                | TraceError::UnsupportedVersion { .. } => Some(1),
+                TraceError::Entry { line, .. } | TraceError::BadSequence { line, .. } => {
+                    Some(*line)
+                }
+                TraceError::Write { .. } => None,
+            }
+        }
+    }
+
+    impl fmt::Display for TraceError {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match self {
+                TraceError::MissingHeader => write!(f, "line 1: the trace has no header line"),
+                TraceError::Header { source } => {
+                    write!(f, "line 1: not a keyed-locks trace header: {source}")
+                }
+                TraceError::NotATrace { found } => write!(
                     f,
-                    "expected an integer key like 42, found {}",
-                    quoted(found)
-                )
-            }
-            IntegerKeyError::OutOfRange { found, type_name } => {
-                write!(f, "key {} does not fit a {type_name}", quoted(found))
-            }
-        }
-    }
-}
-
-impl Error for IntegerKeyError {}
-
-macro_rules! integer_keys {
-    ($($integer:ty),*) => {$(
-        impl KeyCodec<$integer> for IntegerKeys {
-            type Error = IntegerKeyError;
-
-            fn encode(&self, key: &$integer, out: &mut String) {
-                // Writing into a String cannot fail.
-                let _ = write!(out, "{key}");
-            }
-
-            fn decode(&self, text: &str) -> Result<$integer, IntegerKeyError> {
-                // `str::parse` also takes a leading `+`; the grammar has one spelling per key.
-                let digits = text.strip_prefix('-').unwrap_or(text);
-                if !crate::pure::journal::is_decimal(digits) {
-                    return Err(IntegerKeyError::NotAnInteger { found: text.to_owned() });
+                    "line 1: the header names the format {found:?}, not {TRACE_FORMAT:?}"
+                ),
+                TraceError::UnsupportedVersion { found } => write!(
+                    f,
+                    "line 1: trace version {found} is not read by this version of keyed-locks, \
+                     which reads version {TRACE_VERSION} (record the trace again)"
+                ),
+                TraceError::Entry { line, source } => {
+                    write!(f, "line {line}: not a journal entry: {source}")
                 }
-                text.parse().map_err(|_| IntegerKeyError::OutOfRange {
-                    found: text.to_owned(),
-                    type_name: stringify!($integer),
-                })
-            }
-        }
-    )*};
-}
-
-integer_keys!(
-    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
-);
-
-/// `String` keys, written in double quotes: `"user:42"`.
-///
-/// Inside the quotes, `"` and `\` are escaped as `\"` and `\\`; newline, carriage return and
-/// tab as `\n`, `\r` and `\t`; any other control character as `\u{7f}` (hexadecimal). Every
-/// other character, non-ASCII included, is written as itself.
-///
-/// Keys of type `&'static str` can be written by turning them into `String`s first; they
-/// cannot be read back, since parsing creates new strings.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StringKeys;
-
-/// Why [`StringKeys`] could not read a key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StringKeyError {
-    /// The text does not start with `"`.
-    NotQuoted {
-        /// The text found.
-        found: String,
-    },
-    /// The closing `"` is missing.
-    Unterminated,
-    /// A `\` is followed by something other than `"`, `\`, `n`, `r`, `t` or `u{...}`.
-    UnknownEscape {
-        /// The escape found, without its backslash.
-        found: String,
-    },
-    /// A `\u{...}` escape does not name a character.
-    BadUnicodeEscape {
-        /// The escape found, without its backslash.
-        found: String,
-    },
-    /// A control character appears unescaped.
-    RawControlCharacter {
-        /// The character.
-        found: char,
-    },
-    /// Something follows the closing `"`.
-    TextAfterClosingQuote {
-        /// What follows.
-        found: String,
-    },
-}
-
-impl fmt::Display for StringKeyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StringKeyError::NotQuoted { found } => write!(
-                f,
-                "expected a key in double quotes like \"user:42\", found {}",
-                quoted(found)
-            ),
-            StringKeyError::Unterminated => f.write_str("the key has no closing quote"),
-            StringKeyError::UnknownEscape { found } => write!(
-                f,
-                "unknown escape \\{} in key (expected \\\", \\\\, \\n, \\r, \\t or \\u{{...}})",
-                found
-            ),
-            StringKeyError::BadUnicodeEscape { found } => {
-                write!(f, "\\{found} in key is not a character")
-            }
-            StringKeyError::RawControlCharacter { found } => {
-                write!(f, "control character {found:?} in key must be escaped")
-            }
-            StringKeyError::TextAfterClosingQuote { found } => write!(
-                f,
-                "expected the end of the line after the key, found {}",
-                quoted(found)
-            ),
-        }
-    }
-}
-
-impl Error for StringKeyError {}
-
-impl KeyCodec<String> for StringKeys {
-    type Error = StringKeyError;
-
-    fn encode(&self, key: &String, out: &mut String) {
-        out.push('"');
-        for character in key.chars() {
-            match character {
-                '"' => out.push_str("\\\""),
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\r' => out.push_str("\\r"),
-                '\t' => out.push_str("\\t"),
-                // Raw control characters would be invisible in a diff, or end the line.
-                control if control.is_control() => {
-                    let _ = write!(out, "\\u{{{:x}}}", u32::from(control));
-                }
-                other => out.push(other),
-            }
-        }
-        out.push('"');
-    }
-
-    fn decode(&self, text: &str) -> Result<String, StringKeyError> {
-        let Some(quoted_text) = text.strip_prefix('"') else {
-            return Err(StringKeyError::NotQuoted {
-                found: text.to_owned(),
-            });
-        };
-        let mut key = String::new();
-        let mut characters = quoted_text.char_indices();
-        while let Some((index, character)) = characters.next() {
-            match character {
-                '"' => {
-                    let after = &quoted_text[index + 1..];
-                    if !after.is_empty() {
-                        return Err(StringKeyError::TextAfterClosingQuote {
-                            found: after.to_owned(),
-                        });
-                    }
-                    return Ok(key);
-                }
-                '\\' => key.push(decode_escape(&quoted_text[index + 1..], &mut characters)?),
-                control if control.is_control() => {
-                    return Err(StringKeyError::RawControlCharacter { found: control });
-                }
-                other => key.push(other),
-            }
-        }
-        Err(StringKeyError::Unterminated)
-    }
-}
-
-/// Reads the escape after a `\`; `after` is the text following the backslash, and
-/// `characters` is advanced past the escape.
-fn decode_escape(
-    after: &str,
-    characters: &mut std::str::CharIndices<'_>,
-) -> Result<char, StringKeyError> {
-    let Some((_, escape)) = characters.next() else {
-        return Err(StringKeyError::Unterminated);
-    };
-    match escape {
-        '"' => Ok('"'),
-        '\\' => Ok('\\'),
-        'n' => Ok('\n'),
-        'r' => Ok('\r'),
-        't' => Ok('\t'),
-        'u' => {
-            // `after` is `u{hex}...`; the escape is everything up to the first `}`.
-            let bad = || StringKeyError::BadUnicodeEscape {
-                found: after.chars().take(12).collect(),
-            };
-            let hex_and_rest = after.strip_prefix("u{").ok_or_else(bad)?;
-            let (hex, _) = hex_and_rest.split_once('}').ok_or_else(bad)?;
-            if hex.is_empty() || hex.len() > 6 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(bad());
-            }
-            let character = u32::from_str_radix(hex, 16)
-                .ok()
-                .and_then(char::from_u32)
-                .ok_or_else(bad)?;
-            // Skip `{`, the hex digits (ASCII, one char each) and `}`.
-            for _ in 0..hex.len() + 2 {
-                characters.next();
-            }
-            Ok(character)
-        }
-        other => Err(StringKeyError::UnknownEscape {
-            found: other.to_string(),
-        }),
-    }
-}
-
-/// What the parser expected where it found something else.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Expected {
-    /// A sequence number.
-    SequenceNumber,
-    /// A time like `+0.004113s`.
-    Time,
-    /// A waiter id like `w17`.
-    Waiter,
-    /// A fencing token.
-    FencingToken,
-    /// `unknown`, `not_holding` or `not_waiting`.
-    Refusal,
-    /// A key after the event name.
-    Key,
-    /// Nothing more on the line.
-    EndOfLine,
-    /// The count of a `# dropped` line.
-    DroppedCount,
-    /// A lease's fence.
-    Fence,
-    /// A count of permits, from 1 to `u32::MAX`.
-    Permits,
-    /// A lease's name, quoted.
-    LeaseName,
-    /// The number of keys of a multi-key event, 1 or more.
-    KeyCount,
-    /// One of the key lines that follow a multi-key event.
-    KeyLine,
-}
-
-impl fmt::Display for Expected {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Expected::SequenceNumber => "a sequence number",
-            Expected::Time => "a time like +0.004113s",
-            Expected::Waiter => "a waiter like w17",
-            Expected::FencingToken => "a fencing token (a whole number)",
-            Expected::Refusal => "a refusal reason (unknown, not_holding or not_waiting)",
-            Expected::Key => "a key",
-            Expected::EndOfLine => "the end of the line",
-            Expected::DroppedCount => "a count of dropped events",
-            Expected::Fence => "a fence (a whole number)",
-            Expected::Permits => "a count of permits (1 or more)",
-            Expected::LeaseName => "a lease name in double quotes",
-            Expected::KeyCount => "a count of keys (1 or more)",
-            Expected::KeyLine => "a key line like `| \"user:42\"`",
-        })
-    }
-}
-
-/// Why [`parse_trace`] rejected a trace. Every variant names the 1-based line at fault.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum TraceError {
-    /// A field is missing or malformed.
-    Expected {
-        /// The line.
-        line: usize,
-        /// What should have been there.
-        expected: Expected,
-        /// What was there; `None` if the line ended first.
-        found: Option<String>,
-    },
-    /// The event name is not one of the grammar's.
-    UnknownEvent {
-        /// The line.
-        line: usize,
-        /// The name found.
-        found: String,
-    },
-    /// An event's sequence number is not the one expected.
-    BadSequence {
-        /// The line.
-        line: usize,
-        /// `dropped + 1` for the first event, the previous number plus one after.
-        expected: u64,
-        /// The number found.
-        found: u64,
-    },
-    /// The sequence numbers would go past `u64::MAX`.
-    SequenceOverflow {
-        /// The line.
-        line: usize,
-    },
-    /// An event is earlier than the one before it.
-    TimeWentBackwards {
-        /// The line.
-        line: usize,
-        /// The previous event's time.
-        previous: Duration,
-        /// This event's time.
-        found: Duration,
-    },
-    /// The codec could not read a key.
-    Key {
-        /// The line.
-        line: usize,
-        /// The codec's error.
-        source: Box<dyn Error + Send + Sync + 'static>,
-    },
-    /// The header names a version other than `v2`.
-    UnsupportedVersion {
-        /// The line.
-        line: usize,
-        /// The version found.
-        found: String,
-    },
-    /// A header appears after the first line.
-    MisplacedHeader {
-        /// The line.
-        line: usize,
-    },
-    /// A second `# dropped` line.
-    DroppedTwice {
-        /// The line.
-        line: usize,
-    },
-    /// A `# dropped` line after the first event.
-    DroppedAfterEvents {
-        /// The line.
-        line: usize,
-    },
-}
-
-impl TraceError {
-    /// The 1-based line the error is about.
-    pub fn line(&self) -> usize {
-        match self {
-            TraceError::Expected { line, .. }
-            | TraceError::UnknownEvent { line, .. }
-            | TraceError::BadSequence { line, .. }
-            | TraceError::SequenceOverflow { line }
-            | TraceError::TimeWentBackwards { line, .. }
-            | TraceError::Key { line, .. }
-            | TraceError::UnsupportedVersion { line, .. }
-            | TraceError::MisplacedHeader { line }
-            | TraceError::DroppedTwice { line }
-            | TraceError::DroppedAfterEvents { line } => *line,
-        }
-    }
-}
-
-impl fmt::Display for TraceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "line {}: ", self.line())?;
-        match self {
-            TraceError::Expected {
-                expected, found, ..
-            } => match found {
-                Some(found) => write!(f, "expected {expected}, found {}", quoted(found)),
-                None => write!(f, "expected {expected}, found the end of the line"),
-            },
-            TraceError::UnknownEvent { found, .. } => write!(
-                f,
-                "unknown event {} (expected acquire, try_acquire, acquire_permits, \
-                 try_acquire_permits, acquire_all, try_acquire_all, capacity, release, cancel, \
-                 shutdown, grant, would_block, would_block_all, closed, refused or a lease_ \
-                 event)",
-                quoted(found)
-            ),
-            TraceError::BadSequence {
-                expected, found, ..
-            } => write!(f, "expected sequence number {expected}, found {found}"),
-            TraceError::SequenceOverflow { .. } => {
-                f.write_str("sequence numbers run past the largest u64")
-            }
-            TraceError::TimeWentBackwards {
-                previous, found, ..
-            } => write!(
-                f,
-                "time {} is before the previous event's {}",
-                TraceTime(*found),
-                TraceTime(*previous)
-            ),
-            TraceError::Key { source, .. } => write!(f, "bad key: {source}"),
-            TraceError::UnsupportedVersion { found, .. } if found == "v1" => f.write_str(
-                "trace version \"v1\" names waiters by storage slot (w3v1), which the table no \
-                 longer uses; this parser reads v2 (waiters numbered in order of arrival, w17): \
-                 record the trace again",
-            ),
-            TraceError::UnsupportedVersion { found, .. } => write!(
-                f,
-                "unsupported trace version {} (this parser reads v2)",
-                quoted(found)
-            ),
-            TraceError::MisplacedHeader { .. } => {
-                f.write_str("the trace header must be the first line")
-            }
-            TraceError::DroppedTwice { .. } => f.write_str("a second `# dropped` line"),
-            TraceError::DroppedAfterEvents { .. } => {
-                f.write_str("`# dropped` must come before the first event")
-            }
-        }
-    }
-}
-
-impl Error for TraceError {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        match self {
-            TraceError::Key { source, .. } => Some(source.as_ref()),
-            _ => None,
-        }
-    }
-}
-
-/// Writes `journal` as a trace: the header, a `# dropped` line, then one line per event.
-///
-/// # Examples
-///
-/// ```
-/// use keyed_locks::trace::{IntegerKeys, parse_trace, write_trace};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let registry = keyed_locks::LockRegistry::builder().journal(1_000).spawn();
-/// drop(registry.lock(7u32).await?);
-/// let journal = registry.journal().await?;
-///
-/// let trace = write_trace(&journal, &IntegerKeys);
-/// assert!(trace.contains(" acquire w1 7\n"));
-/// assert_eq!(parse_trace(&trace, &IntegerKeys)?, journal);
-/// # Ok(())
-/// # }
-/// ```
-pub fn write_trace<K, C: KeyCodec<K>>(journal: &Journal<K>, codec: &C) -> String {
-    let mut out = String::with_capacity(64 + 40 * journal.entries.len());
-    out.push_str(TRACE_HEADER);
-    out.push('\n');
-    let _ = writeln!(out, "{DROPPED_PREFIX} {}", journal.dropped);
-    for entry in &journal.entries {
-        let _ = write!(out, "{} {} ", entry.seq, TraceTime(entry.at));
-        write_event(&mut out, &entry.event, &|key, out| codec.encode(key, out));
-        out.push('\n');
-    }
-    out
-}
-
-/// Reads a trace written by [`write_trace`] (or by hand, following the
-/// [grammar](self#grammar)).
-///
-/// # Errors
-///
-/// The first problem found, with its line: a malformed or unknown line, a sequence number out
-/// of order, a time going backwards, a key the codec cannot read, or a misplaced header or
-/// `# dropped` line (see [`TraceError`]). Nothing is returned on error, not even the lines
-/// before the bad one.
-///
-/// # Examples
-///
-/// ```
-/// use keyed_locks::trace::{StringKeys, parse_trace};
-///
-/// let journal = parse_trace("1 +0.000000s try_acquire \"job\"\n", &StringKeys).unwrap();
-/// assert_eq!(journal.entries.len(), 1);
-///
-/// let error = parse_trace("1 +0.000000s release x\n", &StringKeys).unwrap_err();
-/// assert_eq!(error.to_string(), "line 1: expected a waiter like w17, found \"x\"");
-/// ```
-pub fn parse_trace<K, C: KeyCodec<K>>(text: &str, codec: &C) -> Result<Journal<K>, TraceError> {
-    let mut journal = Journal::default();
-    let mut dropped_line_seen = false;
-    let mut previous: Option<(u64, Duration)> = None;
-    // Key lines still owed by the last event (a multi-key event is followed by its keys).
-    let mut key_lines_due = 0;
-    let mut last_line = 0;
-    for (index, raw_line) in text.split('\n').enumerate() {
-        let line = index + 1;
-        last_line = line;
-        let text = raw_line.strip_suffix('\r').unwrap_or(raw_line);
-        if key_lines_due > 0 {
-            if let Some(entry) = journal.entries.last_mut() {
-                parse_key_line(text, line, codec, entry)?;
-            }
-            key_lines_due -= 1;
-            continue;
-        }
-        if text.bytes().all(|byte| byte == b' ' || byte == b'\t') {
-            continue;
-        }
-        if let Some(version) = text.strip_prefix(HEADER_PREFIX) {
-            if version != "v2" {
-                return Err(TraceError::UnsupportedVersion {
+                TraceError::BadSequence {
                     line,
-                    found: version.to_owned(),
-                });
+                    expected,
+                    found,
+                } => write!(f, "line {line}: expected seq {expected}, found {found}"),
+                TraceError::Write { source } => write!(f, "cannot write the trace: {source}"),
             }
-            if line != 1 {
-                return Err(TraceError::MisplacedHeader { line });
-            }
-            continue;
         }
-        if let Some(count) = dropped_count_text(text) {
-            if dropped_line_seen {
-                return Err(TraceError::DroppedTwice { line });
-            }
-            if previous.is_some() {
-                return Err(TraceError::DroppedAfterEvents { line });
-            }
-            journal.dropped = parse_count(count).ok_or_else(|| TraceError::Expected {
-                line,
-                expected: Expected::DroppedCount,
-                found: found(count),
-            })?;
-            dropped_line_seen = true;
-            continue;
-        }
-        if text.starts_with('#') {
-            continue;
-        }
-        let (entry, key_lines) = parse_event_line(text, line, codec)?;
-        key_lines_due = key_lines;
-        let expected_seq = match previous {
-            None => journal.dropped.checked_add(1),
-            Some((seq, _)) => seq.checked_add(1),
-        }
-        .ok_or(TraceError::SequenceOverflow { line })?;
-        if entry.seq != expected_seq {
-            return Err(TraceError::BadSequence {
-                line,
-                expected: expected_seq,
-                found: entry.seq,
-            });
-        }
-        if let Some((_, previous_at)) = previous
-            && entry.at < previous_at
-        {
-            return Err(TraceError::TimeWentBackwards {
-                line,
-                previous: previous_at,
-                found: entry.at,
-            });
-        }
-        previous = Some((entry.seq, entry.at));
-        journal.entries.push(entry);
     }
-    if key_lines_due > 0 {
-        return Err(TraceError::Expected {
-            line: last_line,
-            expected: Expected::KeyLine,
-            found: None,
-        });
-    }
-    Ok(journal)
-}
 
-/// The count text of a `# dropped` line, or `None` if `text` is not one. `# droppedX` is a
-/// comment; `# dropped`, `# dropped ` and `# dropped x` are malformed dropped lines.
-fn dropped_count_text(text: &str) -> Option<&str> {
-    let after = text.strip_prefix(DROPPED_PREFIX)?;
-    if after.is_empty() {
-        return Some("");
+    impl Error for TraceError {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            match self {
+                TraceError::Header { source }
+                | TraceError::Entry { source, .. }
+                | TraceError::Write { source } => Some(source),
+                _ => None,
+            }
+        }
     }
-    after.strip_prefix(' ')
-}
 
-/// Reads one event line. A multi-key event comes back with no keys yet and the number of key
-/// lines that must follow it.
-fn parse_event_line<K, C: KeyCodec<K>>(
-    text: &str,
-    line: usize,
-    codec: &C,
-) -> Result<(JournalEntry<K>, u64), TraceError> {
-    let expected = |expected: Expected, found_text: &str| TraceError::Expected {
-        line,
-        expected,
-        found: found(found_text),
-    };
-    let (seq_text, rest) = split_token(text);
-    let seq = parse_count(seq_text).ok_or_else(|| expected(Expected::SequenceNumber, seq_text))?;
-    let (time_text, rest) = split_token(rest);
-    let at = parse_time(time_text).ok_or_else(|| expected(Expected::Time, time_text))?;
-    let (name, rest) = split_token(rest);
-    let waiter = |rest| split_waiter(rest, line);
-    let key = |rest: &str| -> Result<K, TraceError> {
-        if rest.is_empty() {
-            return Err(expected(Expected::Key, rest));
-        }
-        codec.decode(rest).map_err(|error| TraceError::Key {
-            line,
-            source: Box::new(error),
-        })
-    };
-    let end = |rest: &str| -> Result<(), TraceError> {
-        if rest.is_empty() {
-            Ok(())
-        } else {
-            Err(expected(Expected::EndOfLine, rest))
-        }
-    };
-    let mut key_lines = 0;
-    let mut key_count = |rest: &str| -> Result<(), TraceError> {
-        let (count_text, rest) = split_token(rest);
-        key_lines = parse_count(count_text)
-            .filter(|count| *count > 0)
-            .ok_or_else(|| expected(Expected::KeyCount, count_text))?;
-        end(rest)
-    };
-    let event = match name {
-        names::ACQUIRE_ALL => {
-            let (waiter, rest) = waiter(rest)?;
-            key_count(rest)?;
-            JournalEvent::AcquireAll {
-                waiter,
-                keys: Vec::new(),
-            }
-        }
-        names::TRY_ACQUIRE_ALL => {
-            key_count(rest)?;
-            JournalEvent::TryAcquireAll { keys: Vec::new() }
-        }
-        names::WOULD_BLOCK_ALL => {
-            end(rest)?;
-            JournalEvent::WouldBlockAll
-        }
-        names::ACQUIRE => {
-            let (waiter, rest) = waiter(rest)?;
-            JournalEvent::Acquire {
-                waiter,
-                key: key(rest)?,
-            }
-        }
-        names::TRY_ACQUIRE => JournalEvent::TryAcquire { key: key(rest)? },
-        names::ACQUIRE_PERMITS => {
-            let (waiter, rest) = waiter(rest)?;
-            let (permits, rest) = split_permits(rest, line)?;
-            JournalEvent::AcquirePermits {
-                waiter,
-                key: key(rest)?,
-                permits,
-            }
-        }
-        names::TRY_ACQUIRE_PERMITS => {
-            let (permits, rest) = split_permits(rest, line)?;
-            JournalEvent::TryAcquirePermits {
-                key: key(rest)?,
-                permits,
-            }
-        }
-        names::CAPACITY => {
-            let (permits, rest) = split_permits(rest, line)?;
-            end(rest)?;
-            JournalEvent::Capacity { permits }
-        }
-        names::RELEASE => {
-            let (waiter, rest) = waiter(rest)?;
-            end(rest)?;
-            JournalEvent::Release { waiter }
-        }
-        names::CANCEL => {
-            let (waiter, rest) = waiter(rest)?;
-            end(rest)?;
-            JournalEvent::Cancel { waiter }
-        }
-        names::SHUTDOWN => {
-            end(rest)?;
-            JournalEvent::Shutdown
-        }
-        names::GRANT => {
-            let (waiter, rest) = waiter(rest)?;
-            let (token_text, rest) = split_token(rest);
-            let fencing_token = parse_count(token_text)
-                .ok_or_else(|| expected(Expected::FencingToken, token_text))?;
-            end(rest)?;
-            JournalEvent::Grant {
-                waiter,
-                fencing_token,
-            }
-        }
-        names::WOULD_BLOCK => JournalEvent::WouldBlock { key: key(rest)? },
-        names::CLOSED => {
-            let (waiter, rest) = waiter(rest)?;
-            end(rest)?;
-            JournalEvent::Closed { waiter }
-        }
-        names::REFUSED => {
-            let (waiter, rest) = waiter(rest)?;
-            let (reason_text, rest) = split_token(rest);
-            let reason = REFUSALS
-                .into_iter()
-                .find(|reason| refusal_name(*reason) == reason_text)
-                .ok_or_else(|| expected(Expected::Refusal, reason_text))?;
-            end(rest)?;
-            JournalEvent::Refused { waiter, reason }
-        }
-        names::LEASE_REQUESTED => JournalEvent::Lease(Box::new(LeaseNote {
-            name: lease_name(rest, line)?,
-            event: LeaseEvent::Requested,
-        })),
-        names::LEASE_GRANTED | names::LEASE_LOST | names::LEASE_RELEASED => {
-            let (fence_text, rest) = split_token(rest);
-            let fence =
-                parse_count(fence_text).ok_or_else(|| expected(Expected::Fence, fence_text))?;
-            let event = match name {
-                names::LEASE_GRANTED => LeaseEvent::Granted { fence },
-                names::LEASE_LOST => LeaseEvent::Lost { fence },
-                _ => LeaseEvent::Released { fence },
+    impl<K: Serialize> Journal<K> {
+        /// Writes the journal to `out` as a trace: a header line with `description`, if given,
+        /// then one line per entry.
+        ///
+        /// # Errors
+        ///
+        /// [`TraceError::Write`] if a key cannot be written as JSON or `out` fails.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use keyed_locks::journal::Journal;
+        ///
+        /// let mut file = Vec::new();
+        /// Journal::<u64>::default().write_json_lines(Some("nothing yet"), &mut file)?;
+        /// assert_eq!(
+        ///     String::from_utf8(file)?,
+        ///     "{\"format\":\"keyed-locks-trace\",\"version\":3,\"dropped\":0,\
+        ///      \"description\":\"nothing yet\"}\n"
+        /// );
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
+        pub fn write_json_lines(
+            &self,
+            description: Option<&str>,
+            mut out: impl io::Write,
+        ) -> Result<(), TraceError> {
+            let header = Header {
+                format: TRACE_FORMAT.into(),
+                version: TRACE_VERSION,
+                dropped: self.dropped,
+                description: description.map(Into::into),
             };
-            JournalEvent::Lease(Box::new(LeaseNote {
-                name: lease_name(rest, line)?,
-                event,
-            }))
+            write_line(&mut out, &header)
+                .and_then(|()| {
+                    self.entries
+                        .iter()
+                        .try_for_each(|entry| write_line(&mut out, entry))
+                })
+                .and_then(|()| out.flush().map_err(serde_json::Error::io))
+                .map_err(|source| TraceError::Write { source })
         }
-        unknown => {
-            return Err(TraceError::UnknownEvent {
-                line,
-                found: unknown.to_owned(),
-            });
-        }
-    };
-    Ok((JournalEntry { seq, at, event }, key_lines))
-}
 
-/// Reads a key line (`| key`) of the multi-key event `entry`, and adds its key.
-fn parse_key_line<K, C: KeyCodec<K>>(
-    text: &str,
-    line: usize,
-    codec: &C,
-    entry: &mut JournalEntry<K>,
-) -> Result<(), TraceError> {
-    let key_text = text
-        .strip_prefix(KEY_LINE_PREFIX)
-        .filter(|key_text| !key_text.is_empty())
-        .ok_or_else(|| TraceError::Expected {
-            line,
-            expected: Expected::KeyLine,
-            found: found(text),
-        })?;
-    let key = codec.decode(key_text).map_err(|error| TraceError::Key {
-        line,
-        source: Box::new(error),
-    })?;
-    if let JournalEvent::AcquireAll { keys, .. } | JournalEvent::TryAcquireAll { keys } =
-        &mut entry.event
-    {
-        keys.push(key);
-    }
-    Ok(())
-}
-
-/// Splits off a count of permits (1 or more, fitting a `u32`) at the start of `text`.
-fn split_permits(text: &str, line: usize) -> Result<(u32, &str), TraceError> {
-    let (permits_text, rest) = split_token(text);
-    let permits = parse_count(permits_text)
-        .and_then(|count| u32::try_from(count).ok())
-        .filter(|count| *count > 0)
-        .ok_or_else(|| TraceError::Expected {
-            line,
-            expected: Expected::Permits,
-            found: found(permits_text),
-        })?;
-    Ok((permits, rest))
-}
-
-/// The lease name that ends a lease line, quoted as [`StringKeys`] writes it.
-fn lease_name(text: &str, line: usize) -> Result<String, TraceError> {
-    if text.is_empty() {
-        return Err(TraceError::Expected {
-            line,
-            expected: Expected::LeaseName,
-            found: None,
-        });
-    }
-    StringKeys.decode(text).map_err(|error| TraceError::Key {
-        line,
-        source: Box::new(error),
-    })
-}
-
-/// Splits off the waiter at the start of `text`.
-fn split_waiter(text: &str, line: usize) -> Result<(WaiterId, &str), TraceError> {
-    let (waiter_text, rest) = split_token(text);
-    let waiter = parse_waiter(waiter_text).ok_or_else(|| TraceError::Expected {
-        line,
-        expected: Expected::Waiter,
-        found: found(waiter_text),
-    })?;
-    Ok((waiter, rest))
-}
-
-/// Splits off the text before the first space; the rest starts after that space.
-fn split_token(text: &str) -> (&str, &str) {
-    text.split_once(' ').unwrap_or((text, ""))
-}
-
-/// What an error shows as found: `None` for nothing left on the line.
-fn found(text: &str) -> Option<String> {
-    (!text.is_empty()).then(|| text.to_owned())
-}
-
-/// A decimal `u64` without sign: `str::parse` would also take `+7`.
-fn parse_count(text: &str) -> Option<u64> {
-    if !crate::pure::journal::is_decimal(text) {
-        return None;
-    }
-    text.parse().ok()
-}
-
-/// Reads `+<secs>.<6 or 9 digits>s`.
-fn parse_time(text: &str) -> Option<Duration> {
-    let (secs, fraction) = text.strip_prefix('+')?.strip_suffix('s')?.split_once('.')?;
-    let secs = parse_count(secs)?;
-    let fraction_value = u32::try_from(parse_count(fraction)?).ok()?;
-    let nanos = match fraction.len() {
-        6 => fraction_value * 1_000,
-        9 => fraction_value,
-        _ => return None,
-    };
-    Some(Duration::new(secs, nanos))
-}
-
-/// A time as a trace writes it: whole microseconds in 6 digits, nanoseconds in 9 only when
-/// the time is not a whole number of microseconds, so that writing never loses precision.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TraceTime(pub(crate) Duration);
-
-impl fmt::Display for TraceTime {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (secs, nanos) = (self.0.as_secs(), self.0.subsec_nanos());
-        if nanos % 1_000 == 0 {
-            write!(f, "+{secs}.{:06}s", nanos / 1_000)
-        } else {
-            write!(f, "+{secs}.{nanos:09}s")
+        /// The journal as a trace, without a description.
+        ///
+        /// # Errors
+        ///
+        /// [`TraceError::Write`] if a key cannot be written as JSON.
+        pub fn to_json_lines(&self) -> Result<String, TraceError> {
+            let mut text = Vec::new();
+            self.write_json_lines(None, &mut text)?;
+            // serde_json writes UTF-8 only.
+            String::from_utf8(text).map_err(|error| TraceError::Write {
+                source: serde_json::Error::io(io::Error::new(io::ErrorKind::InvalidData, error)),
+            })
         }
     }
-}
 
-/// The grammar's event names, each written once, for the writer and the parser.
-mod names {
-    pub(super) const ACQUIRE: &str = "acquire";
-    pub(super) const TRY_ACQUIRE: &str = "try_acquire";
-    pub(super) const RELEASE: &str = "release";
-    pub(super) const CANCEL: &str = "cancel";
-    pub(super) const SHUTDOWN: &str = "shutdown";
-    pub(super) const GRANT: &str = "grant";
-    pub(super) const WOULD_BLOCK: &str = "would_block";
-    pub(super) const CLOSED: &str = "closed";
-    pub(super) const REFUSED: &str = "refused";
-    pub(super) const ACQUIRE_PERMITS: &str = "acquire_permits";
-    pub(super) const TRY_ACQUIRE_PERMITS: &str = "try_acquire_permits";
-    pub(super) const CAPACITY: &str = "capacity";
-    pub(super) const ACQUIRE_ALL: &str = "acquire_all";
-    pub(super) const TRY_ACQUIRE_ALL: &str = "try_acquire_all";
-    pub(super) const WOULD_BLOCK_ALL: &str = "would_block_all";
-    pub(super) const LEASE_REQUESTED: &str = "lease_requested";
-    pub(super) const LEASE_GRANTED: &str = "lease_granted";
-    pub(super) const LEASE_LOST: &str = "lease_lost";
-    pub(super) const LEASE_RELEASED: &str = "lease_released";
-}
-
-/// Every refusal, for the parser to look names up in.
-const REFUSALS: [Refusal; 3] = [Refusal::Unknown, Refusal::NotHolding, Refusal::NotWaiting];
-
-/// The grammar's name of a refusal, for the writer and the parser.
-fn refusal_name(reason: Refusal) -> &'static str {
-    match reason {
-        Refusal::Unknown => "unknown",
-        Refusal::NotHolding => "not_holding",
-        Refusal::NotWaiting => "not_waiting",
-    }
-}
-
-/// Writes one event as the grammar's `action`, keys by `write_key`. Shared with
-/// [`replay`](crate::replay), whose divergence reports show events the same way.
-pub(crate) fn write_event<K>(
-    out: &mut String,
-    event: &JournalEvent<K>,
-    write_key: &dyn Fn(&K, &mut String),
-) {
-    match event {
-        JournalEvent::Acquire { waiter, key } => {
-            let _ = write!(out, "{} {} ", names::ACQUIRE, format_waiter(*waiter));
-            write_key(key, out);
-        }
-        JournalEvent::TryAcquire { key } => {
-            let _ = write!(out, "{} ", names::TRY_ACQUIRE);
-            write_key(key, out);
-        }
-        JournalEvent::AcquirePermits {
-            waiter,
-            key,
-            permits,
-        } => {
-            let _ = write!(
-                out,
-                "{} {} {permits} ",
-                names::ACQUIRE_PERMITS,
-                format_waiter(*waiter)
-            );
-            write_key(key, out);
-        }
-        JournalEvent::TryAcquirePermits { key, permits } => {
-            let _ = write!(out, "{} {permits} ", names::TRY_ACQUIRE_PERMITS);
-            write_key(key, out);
-        }
-        JournalEvent::Capacity { permits } => {
-            let _ = write!(out, "{} {permits}", names::CAPACITY);
-        }
-        JournalEvent::AcquireAll { waiter, keys } => {
-            let _ = write!(
-                out,
-                "{} {} {}",
-                names::ACQUIRE_ALL,
-                format_waiter(*waiter),
-                keys.len()
-            );
-            write_key_lines(out, keys, write_key);
-        }
-        JournalEvent::TryAcquireAll { keys } => {
-            let _ = write!(out, "{} {}", names::TRY_ACQUIRE_ALL, keys.len());
-            write_key_lines(out, keys, write_key);
-        }
-        JournalEvent::WouldBlockAll => out.push_str(names::WOULD_BLOCK_ALL),
-        JournalEvent::Release { waiter } => {
-            let _ = write!(out, "{} {}", names::RELEASE, format_waiter(*waiter));
-        }
-        JournalEvent::Cancel { waiter } => {
-            let _ = write!(out, "{} {}", names::CANCEL, format_waiter(*waiter));
-        }
-        JournalEvent::Shutdown => out.push_str(names::SHUTDOWN),
-        JournalEvent::Grant {
-            waiter,
-            fencing_token,
-        } => {
-            let _ = write!(
-                out,
-                "{} {} {fencing_token}",
-                names::GRANT,
-                format_waiter(*waiter)
-            );
-        }
-        JournalEvent::WouldBlock { key } => {
-            let _ = write!(out, "{} ", names::WOULD_BLOCK);
-            write_key(key, out);
-        }
-        JournalEvent::Closed { waiter } => {
-            let _ = write!(out, "{} {}", names::CLOSED, format_waiter(*waiter));
-        }
-        JournalEvent::Refused { waiter, reason } => {
-            let reason = refusal_name(*reason);
-            let _ = write!(
-                out,
-                "{} {} {reason}",
-                names::REFUSED,
-                format_waiter(*waiter)
-            );
-        }
-        JournalEvent::Lease(note) => {
-            let LeaseNote { name, event } = note.as_ref();
-            let _ = match *event {
-                LeaseEvent::Requested => write!(out, "{} ", names::LEASE_REQUESTED),
-                LeaseEvent::Granted { fence } => write!(out, "{} {fence} ", names::LEASE_GRANTED),
-                LeaseEvent::Lost { fence } => write!(out, "{} {fence} ", names::LEASE_LOST),
-                LeaseEvent::Released { fence } => {
-                    write!(out, "{} {fence} ", names::LEASE_RELEASED)
+    impl<K: DeserializeOwned> Journal<K> {
+        /// Reads a trace that [`write_json_lines`](Journal::write_json_lines) wrote.
+        ///
+        /// # Errors
+        ///
+        /// The first problem found, as a [`TraceError`] naming its line; no partial journal is
+        /// returned.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use keyed_locks::journal::{Journal, JournalEvent};
+        ///
+        /// let trace = r#"{"format":"keyed-locks-trace","version":3,"dropped":0}
+        /// {"seq":1,"at_ns":0,"event":{"try_acquire":{"key":"user:42","permits":1}}}
+        /// {"seq":2,"at_ns":0,"event":{"would_block":{"key":"user:42"}}}
+        /// {"seq":3,"at_ns":0,"event":"shutdown"}
+        /// "#;
+        /// let journal = Journal::<String>::from_json_lines(trace)?;
+        /// assert_eq!(journal.entries[2].event, JournalEvent::Shutdown);
+        /// assert_eq!(journal.to_json_lines()?, trace);
+        ///
+        /// let error = Journal::<String>::from_json_lines(&trace.replace("seq\":3", "seq\":5"))
+        ///     .unwrap_err();
+        /// assert_eq!(error.to_string(), "line 4: expected seq 3, found 5");
+        /// # Ok::<(), keyed_locks::trace::TraceError>(())
+        /// ```
+        pub fn from_json_lines(text: &str) -> Result<Journal<K>, TraceError> {
+            let mut lines = (1..)
+                .zip(text.lines())
+                .filter(|(_, line)| !line.trim().is_empty());
+            let Some((_, header)) = lines.next() else {
+                return Err(TraceError::MissingHeader);
+            };
+            let dropped = read_header(header)?;
+            let mut entries = Vec::new();
+            let mut expected = dropped.checked_add(1);
+            for (line, text) in lines {
+                let entry: JournalEntry<K> = serde_json::from_str(text)
+                    .map_err(|source| TraceError::Entry { line, source })?;
+                // A journal numbers every event it saw, so `u64::MAX` is the last one there
+                // can be: nothing may follow it.
+                if expected != Some(entry.seq) {
+                    return Err(TraceError::BadSequence {
+                        line,
+                        expected: expected.unwrap_or(u64::MAX),
+                        found: entry.seq,
+                    });
                 }
-            };
-            // A lease is named by text whatever the registry's keys are.
-            StringKeys.encode(name, out);
+                expected = entry.seq.checked_add(1);
+                entries.push(entry);
+            }
+            Ok(Journal { entries, dropped })
         }
     }
-}
 
-/// The key lines that follow a multi-key event, one `| key` line per key.
-fn write_key_lines<K>(out: &mut String, keys: &[K], write_key: &dyn Fn(&K, &mut String)) {
-    for key in keys {
-        out.push('\n');
-        out.push_str(KEY_LINE_PREFIX);
-        write_key(key, out);
+    /// Checks the header line and returns its dropped count.
+    fn read_header(line: &str) -> Result<u64, TraceError> {
+        if let Some(version) = line.strip_prefix(TEXT_HEADER_PREFIX) {
+            // The text format of versions 1 and 2: say which, rather than "not JSON".
+            if let Ok(found) = version.trim_end().parse() {
+                return Err(TraceError::UnsupportedVersion { found });
+            }
+        }
+        let header: Header<'_> =
+            serde_json::from_str(line).map_err(|source| TraceError::Header { source })?;
+        if header.format != TRACE_FORMAT {
+            return Err(TraceError::NotATrace {
+                found: header.format.into_owned(),
+            });
+        }
+        if header.version != TRACE_VERSION {
+            return Err(TraceError::UnsupportedVersion {
+                found: header.version,
+            });
+        }
+        Ok(header.dropped)
     }
-}
 
-/// `text` in double quotes with Rust escapes, cut short if long, for error messages: a fuzzed
-/// or binary line should not make a message of megabytes.
-fn quoted(text: &str) -> String {
-    const SHOWN_CHARACTERS: usize = 40;
-    let mut characters = text.chars();
-    let shown: String = characters.by_ref().take(SHOWN_CHARACTERS).collect();
-    if characters.next().is_some() {
-        format!("{shown:?}...")
-    } else {
-        format!("{shown:?}")
+    /// Writes `value` as one line of JSON.
+    fn write_line(out: &mut impl io::Write, value: &impl Serialize) -> serde_json::Result<()> {
+        serde_json::to_writer(&mut *out, value)?;
+        out.write_all(b"\n").map_err(serde_json::Error::io)
     }
 }

@@ -15,6 +15,7 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 
 use crate::builder::Execution;
+use crate::pure::table::Permits;
 use crate::runtime::owner::{Owner, OwnerConfig};
 use crate::runtime::pending::{Granted, NotGranted, PendingKey};
 use crate::runtime::request::{Delivery, Outcome, Request};
@@ -54,10 +55,13 @@ fn shard(execution: Execution) -> Arc<Shard<u32>> {
     Arc::new_cyclic(|shard_ref| Shard::new(Owner::new(config, shard_ref.clone()), execution))
 }
 
+/// Every permit of a key of the models' registry, which has one per key: an exclusive lock.
+const ONE_PERMIT: Permits = Permits(std::num::NonZeroU32::MIN);
+
 fn acquire(key: u32) -> Request<u32> {
     Request::Acquire {
         key,
-        permits: None,
+        permits: ONE_PERMIT,
         delivery: Delivery::Caller,
     }
 }
@@ -65,7 +69,7 @@ fn acquire(key: u32) -> Request<u32> {
 fn try_acquire(key: u32) -> Request<u32> {
     Request::TryAcquire {
         key,
-        permits: None,
+        permits: ONE_PERMIT,
         delivery: Delivery::Caller,
     }
 }

@@ -201,13 +201,18 @@ impl<K: LockKey> Owner<K> {
             }
             Request::Stats { reply } => answer(reply, self.table.table().stats(), Outcome::Stats),
             #[cfg(feature = "postgres")]
-            Request::Note { event } => {
+            Request::Note { text } => {
                 self.stamp_time();
-                self.table.note(event);
+                self.table.note(text);
                 Outcome::Done
             }
             Request::Journal { reply } => answer(reply, self.table.journal(), Outcome::Journal),
         }
+    }
+
+    /// Every permit of a key: what an exclusive lock asks for.
+    pub(crate) fn all_permits(&self) -> Permits {
+        self.table.table().all_permits()
     }
 
     /// Whether `key` belongs to this shard. Requests from the handle always do; a kameo
@@ -226,16 +231,13 @@ impl<K: LockKey> Owner<K> {
     fn acquire(
         &mut self,
         key: K,
-        permits: Option<Permits>,
+        permits: Permits,
         delivery: Delivery<K>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
         debug!(target: OWNER_TARGET, ?key, "acquire");
         self.stamp_time();
-        let acquired = match permits {
-            None => self.table.acquire(key, delivery),
-            Some(permits) => self.table.acquire_permits(key, permits, delivery),
-        };
+        let acquired = self.table.acquire(key, permits, delivery);
         self.grant_or_queue(acquired, effects)
     }
 
@@ -301,16 +303,13 @@ impl<K: LockKey> Owner<K> {
     fn try_acquire(
         &mut self,
         key: K,
-        permits: Option<Permits>,
+        permits: Permits,
         delivery: Delivery<K>,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
         debug!(target: OWNER_TARGET, ?key, "try acquire");
         self.stamp_time();
-        let taken = match permits {
-            None => self.table.try_acquire(key),
-            Some(permits) => self.table.try_acquire_permits(key, permits),
-        };
+        let taken = self.table.try_acquire(key, permits);
         self.grant_or_refuse(taken, delivery, effects)
     }
 

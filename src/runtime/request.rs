@@ -9,8 +9,6 @@ use tokio::sync::oneshot;
 
 use crate::LockKey;
 use crate::pure::journal::Journal;
-#[cfg(feature = "postgres")]
-use crate::pure::journal::JournalEvent;
 use crate::pure::stats::RegistryStats;
 use crate::pure::table::{KeySet, Permits, WaiterId};
 use crate::runtime::pending::{Granted, PendingKey};
@@ -19,18 +17,18 @@ use crate::runtime::shard::HeldGrant;
 /// One request to a registry shard's owner.
 #[derive(Debug)]
 pub(crate) enum Request<K: LockKey> {
-    /// A [`lock`](crate::LockRegistry::lock) call or an `ask(Acquire)`: grant `key` in turn.
-    /// `permits`: `None` for an exclusive lock (every permit of the key).
+    /// A [`lock`](crate::LockRegistry::lock) call or an `ask(Acquire)`: grant `permits` of
+    /// `key` in turn (an exclusive lock asks for every permit of the key).
     Acquire {
         key: K,
-        permits: Option<Permits>,
+        permits: Permits,
         delivery: Delivery<K>,
     },
     /// A [`try_lock`](crate::LockRegistry::try_lock) call or an `ask(TryAcquire)`: grant
     /// `key` if it is free, else answer would-block.
     TryAcquire {
         key: K,
-        permits: Option<Permits>,
+        permits: Permits,
         delivery: Delivery<K>,
     },
     /// A [`lock_all`](crate::LockRegistry::lock_all) call, for this shard's keys of it:
@@ -57,9 +55,10 @@ pub(crate) enum Request<K: LockKey> {
     Journal {
         reply: Option<oneshot::Sender<Journal<K>>>,
     },
-    /// A note for the journal ([`JournalEvent::is_note`]), sent only while one is on.
+    /// A note for the journal ([`JournalEvent::Note`](crate::journal::JournalEvent::Note)),
+    /// sent only while one is on.
     #[cfg(feature = "postgres")]
-    Note { event: JournalEvent<K> },
+    Note { text: String },
 }
 
 impl<K: LockKey> Request<K> {

@@ -174,8 +174,8 @@ impl<K: LockKey> Shard<K> {
 
     /// A note for the journal.
     #[cfg(feature = "postgres")]
-    pub(crate) fn note(&self, event: crate::pure::journal::JournalEvent<K>) {
-        self.send(|_| Some(Request::Note { event }));
+    pub(crate) fn note(&self, text: String) {
+        self.send(|_| Some(Request::Note { text }));
     }
 
     /// Runs the request that `make` builds under the lock, if any, which needs no answer: as
