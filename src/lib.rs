@@ -233,7 +233,17 @@ mod multi_guard;
 mod observe;
 mod registry;
 
-pub use pure::{journal, replay, table, trace};
+pub use pure::{journal, replay, trace};
+
+/// **Unstable, not covered by semver**: the lock table itself and its recording wrapper, for
+/// the crate's own model tests and for tools that drive a table step by step. Present only
+/// with the `unstable-table` feature; the registry is the supported way in.
+#[cfg(feature = "unstable-table")]
+#[doc(hidden)]
+pub mod table {
+    pub use crate::pure::journaled_table::JournaledTable;
+    pub use crate::pure::table::*;
+}
 
 use std::fmt::Debug;
 use std::hash::Hash;

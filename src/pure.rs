@@ -3,6 +3,7 @@
 //! no tokio, no kameo and no clock (time is passed in), and nothing from the other layers.
 
 pub mod journal;
+pub mod journaled_table;
 pub(crate) mod overdue;
 pub mod replay;
 pub(crate) mod stats;

@@ -74,7 +74,7 @@
 
 use std::collections::HashSet;
 
-use keyed_locks::table::WaiterId;
+use keyed_locks::journal::WaiterId;
 
 use crate::reference_model::{ReferenceModel, check_the_table_against};
 

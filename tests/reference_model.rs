@@ -62,8 +62,9 @@ use std::collections::{BTreeSet, HashSet};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use keyed_locks::journal::{Journal, JournalEntry, JournalEvent, JournaledTable, Refusal};
+use keyed_locks::journal::{Journal, JournalEntry, JournalEvent, Refusal};
 use keyed_locks::replay::verify;
+use keyed_locks::table::JournaledTable;
 use keyed_locks::table::{Acquired, KeySet, WaiterId};
 
 /// A holder, with the keys it holds and the permits it holds of each, or a waiting request,

@@ -338,7 +338,7 @@ async fn a_journal_that_dropped_events_is_refused_for_replay() {
 
 #[test]
 fn notes_are_copied_by_a_replay_and_change_nothing_in_the_table() {
-    use keyed_locks::journal::JournaledTable;
+    use keyed_locks::table::JournaledTable;
     let mut table = JournaledTable::<&str, ()>::with_journal(100);
     let every_permit = table.table().all_permits();
     let _ = table.acquire("k", every_permit, ());

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use keyed_locks::journal::{Journal, JournalEntry, JournalEvent, JournaledTable, Refusal};
+use keyed_locks::journal::WaiterId;
+use keyed_locks::journal::{Journal, JournalEntry, JournalEvent, Refusal};
 use keyed_locks::replay::{ReplayError, VerifyError, first_divergence, replay, verify};
-use keyed_locks::table::WaiterId;
+use keyed_locks::table::JournaledTable;
 use proptest::prelude::*;
 
 /// Ids a fresh table hands out early (arrivals 1 to 8), plus ones it does not for a long

@@ -7,8 +7,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
+use keyed_locks::journal::WaiterId;
 use keyed_locks::journal::{JournalEvent, Refusal};
-use keyed_locks::table::WaiterId;
 use keyed_locks::{Execution, LockRegistry};
 use tokio_test::{assert_pending, assert_ready, task};
 

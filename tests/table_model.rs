@@ -44,8 +44,8 @@ use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::path::PathBuf;
 
+use keyed_locks::journal::WaiterId;
 use keyed_locks::journal::{Journal, JournalEvent, Refusal};
-use keyed_locks::table::WaiterId;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
 

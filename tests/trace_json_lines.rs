@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use keyed_locks::journal::WaiterId;
 use keyed_locks::journal::{Journal, JournalEntry, JournalEvent, Refusal};
 use keyed_locks::replay::verify;
-use keyed_locks::table::WaiterId;
 use keyed_locks::trace::{TRACE_FORMAT, TRACE_VERSION, TraceError};
 
 const HEADER: &str = r#"{"format":"keyed-locks-trace","version":3,"dropped":0}"#;

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use keyed_locks::journal::WaiterId;
 use keyed_locks::journal::{Journal, JournalEvent};
-use keyed_locks::table::WaiterId;
 
 /// A point of the journal: its sequence number and its time since the registry started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

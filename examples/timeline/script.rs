@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use keyed_locks::journal::WaiterId;
 use keyed_locks::journal::{Journal, JournalEntry, JournalEvent, Refusal};
-use keyed_locks::table::WaiterId;
 
 /// `events` at time 0.
 pub fn journal(events: impl IntoIterator<Item = JournalEvent<u64>>) -> Journal<u64> {

@@ -36,7 +36,8 @@ use std::fmt;
 use std::hash::Hash;
 use std::num::NonZeroU32;
 
-use crate::pure::journal::{Journal, JournalEntry, JournalEvent, JournaledTable};
+use crate::pure::journal::{Journal, JournalEntry, JournalEvent};
+use crate::pure::journaled_table::JournaledTable;
 use crate::pure::table::KeySet;
 
 /// Why a journal could not be replayed at all.
@@ -141,7 +142,7 @@ impl<K> From<ReplayError> for VerifyError<K> {
 ///
 /// use keyed_locks::journal::{Journal, JournalEntry, JournalEvent};
 /// use keyed_locks::replay::replay;
-/// use keyed_locks::table::WaiterId;
+/// use keyed_locks::journal::WaiterId;
 ///
 /// // Only the inputs matter: the grant is recomputed.
 /// let acquire = JournalEvent::Acquire { waiter: WaiterId::new(1).unwrap(), key: 7u8, permits: 1 };
@@ -244,7 +245,7 @@ where
 ///
 /// use keyed_locks::journal::{Journal, JournalEntry, JournalEvent};
 /// use keyed_locks::replay::{first_divergence, replay};
-/// use keyed_locks::table::WaiterId;
+/// use keyed_locks::journal::WaiterId;
 ///
 /// let events = [
 ///     JournalEvent::TryAcquire { key: "k", permits: 1 },
@@ -296,7 +297,7 @@ where
 ///
 /// use keyed_locks::journal::{Journal, JournalEntry, JournalEvent, Refusal};
 /// use keyed_locks::replay::{VerifyError, verify};
-/// use keyed_locks::table::WaiterId;
+/// use keyed_locks::journal::WaiterId;
 ///
 /// let (w1, w2) = (WaiterId::new(1).unwrap(), WaiterId::new(2).unwrap());
 /// let events = [

@@ -1,11 +1,10 @@
 //! [`RegistryStats`], the registry's counts at one instant.
 //!
-//! A plain value with no runtime in it: the pure [`LockTable`](crate::table::LockTable)
-//! computes it, and the registry hands it out unchanged.
+//! A plain value with no runtime in it: the pure lock table computes it, and the registry
+//! hands it out unchanged.
 
 /// The registry's counts at one instant, as returned by
-/// [`LockRegistry::stats`](crate::LockRegistry::stats) and
-/// [`LockTable::stats`](crate::table::LockTable::stats).
+/// [`LockRegistry::stats`](crate::LockRegistry::stats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct RegistryStats {

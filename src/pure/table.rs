@@ -76,9 +76,8 @@ use records::Records;
 
 /// Identifies one acquirer, from arrival until release or cancellation.
 ///
-/// The table numbers acquirers 1, 2, 3, ... in order of arrival: every
-/// [`acquire`](LockTable::acquire), and every [`try_acquire`](LockTable::try_acquire) that is
-/// granted, takes the next number. A number is never issued twice, so a late release or cancel
+/// Each shard's lock table numbers acquirers 1, 2, 3, ... in order of arrival: every acquire,
+/// and every try-acquire that is granted, takes the next number. A number is never issued twice, so a late release or cancel
 /// of an old id cannot touch a newer acquirer. It is shown as `w` and its number (`w17`), and
 /// a trace writes the number.
 ///
@@ -424,6 +423,7 @@ impl std::error::Error for WaiterError {}
 /// A broken invariant, found by [`LockTable::check_invariants`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+#[cfg(any(test, feature = "unstable-table"))]
 pub struct InvariantViolation {
     /// The number of the invariant in the [module docs](self).
     pub invariant: u8,
@@ -431,12 +431,14 @@ pub struct InvariantViolation {
     pub detail: String,
 }
 
+#[cfg(any(test, feature = "unstable-table"))]
 impl fmt::Display for InvariantViolation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "invariant {} broken: {}", self.invariant, self.detail)
     }
 }
 
+#[cfg(any(test, feature = "unstable-table"))]
 impl std::error::Error for InvariantViolation {}
 
 impl<K, D> Default for LockTable<K, D>
@@ -474,6 +476,7 @@ where
     }
 
     /// The permits each key has.
+    #[cfg(any(test, feature = "unstable-table"))]
     pub fn capacity(&self) -> NonZeroU32 {
         self.ledger.capacity
     }
@@ -781,6 +784,7 @@ where
     }
 
     /// The delivery of a waiter that is still queued.
+    #[cfg(any(test, feature = "unstable-table"))]
     pub fn delivery_of(&self, waiter_id: WaiterId) -> Option<&D> {
         match self.ledger.records.get(waiter_id)?.state {
             RecordState::Waiting(ref delivery) => Some(delivery),
@@ -798,6 +802,7 @@ where
     }
 
     /// Whether `key` has an entry, that is a holder or a waiter.
+    #[cfg(any(test, feature = "unstable-table"))]
     pub fn contains_key(&self, key: &K) -> bool {
         self.entries.contains_key(key)
     }
@@ -820,6 +825,7 @@ where
     /// # Errors
     ///
     /// The first broken invariant found.
+    #[cfg(any(test, feature = "unstable-table"))]
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         let broken = |invariant: u8, detail: String| Err(InvariantViolation { invariant, detail });
         if let Err(detail) = self.ledger.records.check() {
@@ -949,6 +955,7 @@ where
 
     /// Invariant 4 for `key`'s queue: its live ids wait for `key`, in order of arrival, each
     /// once, flagged as a group exactly when they ask for several keys.
+    #[cfg(any(test, feature = "unstable-table"))]
     fn check_queue(&self, key: &K, entry: &Entry) -> Result<(), String> {
         let mut live_in_queue = 0;
         let mut previous: Option<WaiterId> = None;
@@ -986,6 +993,7 @@ where
     /// Whether the queued waiter `first`, the first live waiter of one of its keys, could be
     /// granted now: it fits there and, if it asks for several keys, is the first live waiter
     /// of each of them and fits on each.
+    #[cfg(any(test, feature = "unstable-table"))]
     fn grantable(&self, first: &Queued) -> bool {
         let keys = self.keys_of(first.waiter_id).unwrap_or_default();
         self.ledger

@@ -18,7 +18,8 @@ use tracing::{debug, warn};
 
 use crate::LockKey;
 use crate::observe::OWNER_TARGET;
-use crate::pure::journal::{Journal, JournaledTable};
+use crate::pure::journal::Journal;
+use crate::pure::journaled_table::JournaledTable;
 use crate::pure::stats::RegistryStats;
 use crate::pure::table::{Acquired, Grant, KeySet, Permits, WaiterId, WouldBlock};
 use crate::runtime::metrics::ShardMetrics;

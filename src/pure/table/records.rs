@@ -126,6 +126,7 @@ impl<R> Records<R> {
     }
 
     /// Every live record, in no particular order.
+    #[cfg(any(test, feature = "unstable-table"))]
     pub(super) fn iter(&self) -> impl Iterator<Item = (WaiterId, &R)> {
         let base = self.base;
         let recent = (0u64..)
@@ -140,6 +141,7 @@ impl<R> Records<R> {
     }
 
     /// Checks the invariants of the [module docs](self); the error says which one broke.
+    #[cfg(any(test, feature = "unstable-table"))]
     pub(super) fn check(&self) -> Result<(), String> {
         if matches!(self.window.front(), Some(None)) {
             return Err("the record window starts with a gap".into());
