@@ -124,7 +124,7 @@ impl fmt::Debug for WaiterId {
 /// (invariant 6). Small enough to bound memory, large enough that short queues never compact.
 const TOMBSTONE_SLACK: usize = 16;
 
-/// The pure, synchronous per-key lock state machine. See the [module docs](self).
+/// The pure, synchronous per-key lock state machine. See the module docs of `src/pure/table.rs`.
 ///
 /// Two parts, so that a step can change one key's entry and everything else at once (two
 /// fields borrow apart): the entry map, and the `Ledger` of acquirers and counts.
@@ -425,7 +425,7 @@ impl std::error::Error for WaiterError {}
 #[non_exhaustive]
 #[cfg(any(test, feature = "unstable-table"))]
 pub struct InvariantViolation {
-    /// The number of the invariant in the [module docs](self).
+    /// The number of the invariant in the module docs of `src/pure/table.rs`.
     pub invariant: u8,
     /// What was found.
     pub detail: String,
