@@ -63,7 +63,9 @@
 //! # When not to use it
 //!
 //! - **Synchronous code** or critical sections that never await: a `std`/`parking_lot`
-//!   mutex per shard, or `dashmap`, is simpler and faster.
+//!   mutex per shard, or `dashmap`, is simpler and faster. Threads that must share keys with
+//!   async tasks can take them here with the blocking calls
+//!   ([`blocking_lock`](LockRegistry::blocking_lock) and its siblings), in the same queue.
 //! - **A fixed, small set of keys** known up front: a `tokio::sync::Mutex` per key in a plain
 //!   struct needs no registry at all.
 //! - **Across processes or machines**, `LockRegistry` alone: it lives in one process. With
@@ -225,6 +227,8 @@ mod runtime;
 #[cfg(feature = "postgres")]
 mod cluster;
 
+// The blocking twins of the acquires, for threads outside the runtime.
+mod blocking;
 mod error;
 mod guard;
 pub mod messages;
