@@ -48,6 +48,9 @@ const SYNC_PEERS: [&str; 2] = ["lockable", "std-mutex-map"];
 /// run, so that `distinct` uses fresh keys.
 type Run = Box<dyn FnMut(u64) -> Duration>;
 
+/// After a `sync` contender's last run: checks what it left and stops it.
+type Finish = Box<dyn FnOnce(&tokio::runtime::Runtime)>;
+
 /// Rates in M lock/unlock pairs per second, per contender (in table order) and round.
 struct Measured {
     names: Vec<&'static str>,
@@ -85,7 +88,7 @@ fn measure(runtime: &Arc<tokio::runtime::Runtime>, workload: Workload) -> Measur
 fn measure_sync(runtime: &tokio::runtime::Runtime) -> Measured {
     let mut names = Vec::new();
     let mut runs: Vec<Run> = Vec::new();
-    let mut finishes: Vec<Box<dyn FnOnce(&tokio::runtime::Runtime)>> = Vec::new();
+    let mut finishes: Vec<Finish> = Vec::new();
     for_each_blocking_contender!(C => {
         let contender = Arc::new(C::new(runtime));
         names.push(C::NAME);
