@@ -39,7 +39,7 @@ impl<K: LockKey> LockRegistry<K> {
     /// runtime (a worker, or inside `block_on`) or inside a `futures` executor. A parked
     /// worker cannot run the tasks that would release the key, so the runtime could hang;
     /// use [`lock`](Self::lock)`.await` there instead. Blocking is allowed on a plain
-    /// thread, in [`tokio::task::spawn_blocking`] and in [`tokio::task::block_in_place`].
+    /// thread, in [`tokio::task::spawn_blocking`] and in `tokio::task::block_in_place`.
     ///
     /// # Examples
     ///
