@@ -28,6 +28,13 @@ impl<K: LockKey> LockRegistry<K> {
     /// task, so the runtime the registry was spawned on must keep running (not be blocked by
     /// a join of this thread) while this waits.
     ///
+    /// # Cancel safety
+    ///
+    /// There is no future to drop: the thread waits until it has the key or the registry
+    /// closes. If the registry shuts down meanwhile, the thread gets `Closed` and nothing is
+    /// left behind. If the thread panics while holding the guard, unwinding drops the guard,
+    /// which releases the key to the next waiter.
+    ///
     /// # Errors
     ///
     /// [`LockError::Closed`] if the registry has shut down or shuts down while this call
