@@ -9,17 +9,27 @@
 //! rounds, and its ratio to the best peer is the median of the per-round ratios (ours against
 //! the best peer of the same round), which a slow spell cannot tilt towards anyone.
 //!
-//! `cargo bench --bench interleaved` prints the table and writes
+//! The `sync` workload (threads through blocking calls) has contenders of its own, so it is a
+//! table of its own, measured the same way against its own peers.
+//!
+//! `cargo bench --bench interleaved` prints the tables and writes
 //! `target/bench-report/interleaved.json`, which `examples/bench_report.rs` reads.
 
 mod contenders;
 mod workloads;
+// The `sync` workload and its contenders: only this benchmark runs them, so they are not in
+// the modules `peers.rs` shares.
+#[path = "contenders/blocking.rs"]
+mod blocking_contenders;
+#[path = "workloads/sync.rs"]
+mod sync_workload;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
+use blocking_contenders::BlockingContender;
 use contenders::{Contender, runtime};
 use workloads::Workload;
 
@@ -30,15 +40,23 @@ const ROUNDS: usize = 15;
 const PEERS: [&str; 4] = ["lockable", "keyed-lock", "key-mutex", "seed"];
 /// Our configurations, each held against the best peer.
 const OURS: [&str; 3] = ["keyed-locks", "keyed-locks-actor", "keyed-locks-8-shards"];
+/// The `sync` workload's peers: lockable's `LockPool::blocking_lock`, and a hand-written
+/// std map of per-key locks.
+const SYNC_PEERS: [&str; 2] = ["lockable", "std-mutex-map"];
 
 /// One run of a workload for one contender, returning its duration; the argument numbers the
 /// run, so that `distinct` uses fresh keys.
 type Run = Box<dyn FnMut(u64) -> Duration>;
 
+/// After a `sync` contender's last run: checks what it left and stops it.
+type Finish = Box<dyn FnOnce(&tokio::runtime::Runtime)>;
+
 /// Rates in M lock/unlock pairs per second, per contender (in table order) and round.
 struct Measured {
     names: Vec<&'static str>,
     rates: Vec<Vec<f64>>,
+    /// The contenders ours are held against.
+    peers: &'static [&'static str],
 }
 
 fn measure(runtime: &Arc<tokio::runtime::Runtime>, workload: Workload) -> Measured {
@@ -55,6 +73,49 @@ fn measure(runtime: &Arc<tokio::runtime::Runtime>, workload: Workload) -> Measur
         }));
         finishes.push(Box::new(move || workload.finish(&runtime_for_finish, &*for_finish)));
     });
+    let rates = run_rounds(&mut runs, workload.ops());
+    for finish in finishes {
+        finish();
+    }
+    Measured {
+        names,
+        rates,
+        peers: &PEERS,
+    }
+}
+
+/// `measure` for the `sync` workload: its contenders, run from this (plain) thread.
+fn measure_sync(runtime: &tokio::runtime::Runtime) -> Measured {
+    let mut names = Vec::new();
+    let mut runs: Vec<Run> = Vec::new();
+    let mut finishes: Vec<Finish> = Vec::new();
+    for_each_blocking_contender!(C => {
+        let contender = Arc::new(C::new(runtime));
+        names.push(C::NAME);
+        let for_run = Arc::clone(&contender);
+        runs.push(Box::new(move |round| sync_workload::run(&for_run, round)));
+        finishes.push(Box::new(move |runtime| {
+            if let Some(entries) = contender.finish(runtime)
+                && entries != 0
+            {
+                eprintln!("warning: {} left {entries} entries after sync", C::NAME);
+            }
+        }));
+    });
+    let rates = run_rounds(&mut runs, sync_workload::ops());
+    for finish in finishes {
+        finish(runtime);
+    }
+    Measured {
+        names,
+        rates,
+        peers: &SYNC_PEERS,
+    }
+}
+
+/// Runs every contender once per round, a different one first each round, after one warm-up
+/// round; returns the rates per contender and round.
+fn run_rounds(runs: &mut [Run], ops: u64) -> Vec<Vec<f64>> {
     let mut rates = vec![Vec::with_capacity(ROUNDS); runs.len()];
     let mut run_number = 0;
     for round in 0..=ROUNDS {
@@ -64,14 +125,11 @@ fn measure(runtime: &Arc<tokio::runtime::Runtime>, workload: Workload) -> Measur
             run_number += 1;
             let elapsed = runs[index](run_number);
             if round > 0 {
-                rates[index].push(workload.ops() as f64 / elapsed.as_secs_f64() / 1e6);
+                rates[index].push(ops as f64 / elapsed.as_secs_f64() / 1e6);
             }
         }
     }
-    for finish in finishes {
-        finish();
-    }
-    Measured { names, rates }
+    rates
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -104,7 +162,8 @@ impl Measured {
     /// Per round: `name`'s rate over the best peer's rate in that round.
     fn ratios_to_best_peer(&self, name: &str) -> Vec<f64> {
         let ours = &self.rates[self.index_of(name)];
-        let peers: Vec<&Vec<f64>> = PEERS
+        let peers: Vec<&Vec<f64>> = self
+            .peers
             .iter()
             .map(|peer| &self.rates[self.index_of(peer)])
             .collect();
@@ -125,65 +184,130 @@ fn summary(values: &[f64]) -> serde_json::Value {
     json!({ "median": median(values), "min": min, "max": max })
 }
 
-fn main() {
-    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing: skip the run then.
-    if !std::env::args().any(|argument| argument == "--bench") {
-        return;
-    }
-    let runtime = Arc::new(runtime());
-    let mut table = format!(
-        "Interleaved: median M lock/unlock pairs per second over {ROUNDS} rounds (min–max):\n\n| workload |"
-    );
-    let mut workloads_json = Vec::new();
-    let mut header_written = false;
-    for workload in Workload::ALL {
-        eprintln!("measuring {} ({ROUNDS} rounds)", workload.name());
-        let measured = measure(&runtime, workload);
-        if !header_written {
-            for name in &measured.names {
-                table.push_str(&format!(" {name} |"));
-            }
-            for name in OURS {
-                table.push_str(&format!(" {name} / best peer |"));
-            }
-            table.push_str("\n|---|");
-            table.push_str(&"--:|".repeat(measured.names.len() + OURS.len()));
-            table.push('\n');
-            header_written = true;
+impl Measured {
+    /// The header of its table: the contenders, then a ratio column for each of ours.
+    fn header(&self) -> String {
+        let mut header = String::from("| workload |");
+        for name in &self.names {
+            header.push_str(&format!(" {name} |"));
         }
-        table.push_str(&format!("| `{}` |", workload.name()));
-        for rates in &measured.rates {
+        for name in OURS {
+            header.push_str(&format!(" {name} / best peer |"));
+        }
+        header.push_str("\n|---|");
+        header.push_str(&"--:|".repeat(self.names.len() + OURS.len()));
+        header.push('\n');
+        header
+    }
+
+    /// Its row of the table, and its entry in `interleaved.json`.
+    fn row(&self, workload: &str) -> (String, serde_json::Value) {
+        let mut row = format!("| `{workload}` |");
+        for rates in &self.rates {
             let (low, high) = min_max(rates);
-            table.push_str(&format!(" {:.2} ({low:.2}–{high:.2}) |", median(rates)));
+            row.push_str(&format!(" {:.2} ({low:.2}–{high:.2}) |", median(rates)));
         }
         let mut ratios_json = serde_json::Map::new();
         for name in OURS {
-            let ratios = measured.ratios_to_best_peer(name);
+            let ratios = self.ratios_to_best_peer(name);
             let (low, high) = min_max(&ratios);
-            table.push_str(&format!(" {:.2}× ({low:.2}–{high:.2}) |", median(&ratios)));
+            row.push_str(&format!(" {:.2}× ({low:.2}–{high:.2}) |", median(&ratios)));
             ratios_json.insert(name.to_owned(), summary(&ratios));
         }
-        table.push('\n');
-        let contenders_json: serde_json::Map<_, _> = measured
+        row.push('\n');
+        let contenders_json: serde_json::Map<_, _> = self
             .names
             .iter()
-            .zip(&measured.rates)
+            .zip(&self.rates)
             .map(|(name, rates)| ((*name).to_owned(), summary(rates)))
             .collect();
-        workloads_json.push(json!({
-            "name": workload.name(),
+        let json = json!({
+            "name": workload,
             "contenders": contenders_json,
             "ratio_to_best_peer": ratios_json,
-        }));
+        });
+        (row, json)
     }
-    print!("{table}");
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing: skip the run then.
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    if !arguments.iter().any(|argument| argument == "--bench") {
+        return;
+    }
+    // Workload names after `--` run only those (`cargo bench --bench interleaved -- sync`);
+    // the other rows of `interleaved.json` are kept from the last run.
+    let chosen: Vec<&str> = arguments
+        .iter()
+        .map(String::as_str)
+        .filter(|argument| !argument.starts_with("--"))
+        .collect();
+    let wanted = |name: &str| chosen.is_empty() || chosen.contains(&name);
+    let runtime = Arc::new(runtime());
+    let mut tables = String::new();
+    let mut workloads_json = Vec::new();
+    let mut header = None;
+    for workload in Workload::ALL {
+        if !wanted(workload.name()) {
+            continue;
+        }
+        eprintln!("measuring {} ({ROUNDS} rounds)", workload.name());
+        let measured = measure(&runtime, workload);
+        let (row, json) = measured.row(workload.name());
+        header.get_or_insert_with(|| {
+            format!(
+                "Interleaved: median M lock/unlock pairs per second over {ROUNDS} rounds \
+                 (min–max):\n\n{}",
+                measured.header()
+            )
+        });
+        tables.push_str(&row);
+        workloads_json.push(json);
+    }
+    if let Some(header) = header {
+        tables.insert_str(0, &header);
+    }
+    if wanted(sync_workload::NAME) {
+        eprintln!("measuring {} ({ROUNDS} rounds)", sync_workload::NAME);
+        let measured = measure_sync(&runtime);
+        let (row, json) = measured.row(sync_workload::NAME);
+        if !tables.is_empty() {
+            tables.push('\n');
+        }
+        tables.push_str(&format!(
+            "Threads through blocking calls ({}): median M lock/unlock pairs per second over \
+             {ROUNDS} rounds (min–max):\n\n{}{row}",
+            sync_workload::SHAPE,
+            measured.header()
+        ));
+        workloads_json.push(json);
+    }
+    print!("{tables}");
     let report_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
         .join("bench-report");
-    let report = json!({ "rounds": ROUNDS, "workloads": workloads_json });
-    std::fs::create_dir_all(&report_dir).expect("the report directory can be created");
     let path = report_dir.join("interleaved.json");
+    // Rows of workloads not run this time stay as the last run left them.
+    let kept = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|report| report["workloads"].as_array().cloned())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|row| !row["name"].as_str().is_some_and(wanted));
+    let mut rows: Vec<serde_json::Value> = kept.chain(workloads_json).collect();
+    let order = |row: &serde_json::Value| {
+        let name = row["name"].as_str().unwrap_or_default();
+        Workload::ALL
+            .iter()
+            .position(|workload| workload.name() == name)
+            .unwrap_or(Workload::ALL.len())
+    };
+    rows.sort_by_key(order);
+    let report = json!({ "rounds": ROUNDS, "workloads": rows });
+    std::fs::create_dir_all(&report_dir).expect("the report directory can be created");
     std::fs::write(&path, serde_json::to_string_pretty(&report).expect("JSON"))
         .expect("the report can be written");
     eprintln!("wrote {}", path.display());

@@ -1,7 +1,8 @@
 //! Turns the benchmark results into the tables and the chart of the README.
 //!
 //! Reads `target/bench-report/interleaved.json` (written by `cargo bench --bench interleaved`,
-//! the contenders taking turns round after round), criterion's estimates
+//! the contenders taking turns round after round; its `sync` row, threads through blocking
+//! calls, is a table of its own), criterion's estimates
 //! (`target/criterion/<workload>/<implementation>/new/`, written by `cargo bench --bench
 //! peers`) and `target/bench-report/memory.json` (written by `cargo bench --bench memory`),
 //! prints the tables as Markdown with the machine they ran on, saves them to
@@ -85,6 +86,16 @@ const WORKLOADS: [Workload; 3] = [
     },
 ];
 
+/// The `sync` workload of the interleaved run: threads through blocking calls, against peers
+/// of its own (lockable's `LockPool::blocking_lock`, a std map of per-key locks).
+/// It has no target yet: this is its first figure.
+const SYNC: (&str, &str) = (
+    "sync",
+    "4 threads × 50,000, half on 4 shared keys, half a new key each",
+);
+/// The contenders of [`SYNC`], in table order: ours, then its peers.
+const SYNC_CONTENDERS: [&str; 5] = [OURS, OURS_ACTOR, OURS_SHARDED, "lockable", "std-mutex-map"];
+
 /// A memory measurement: its label and how to read it from a row of `memory.json`.
 struct Measure {
     label: &'static str,
@@ -146,6 +157,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     writeln!(report, "Machine: {machine}\n")?;
     if let Some(interleaved) = &interleaved {
         writeln!(report, "{}", interleaved_table(interleaved))?;
+        if let Some(table) = sync_table(interleaved) {
+            writeln!(report, "{table}")?;
+        }
     }
     writeln!(report, "{}", throughput_table(&throughput))?;
     match &memory {
@@ -256,6 +270,39 @@ fn interleaved_table(interleaved: &Value) -> String {
         let _ = writeln!(table, " ≥ {:.1}× |", workload.target);
     }
     table
+}
+
+/// The `sync` row of the interleaved run as a table of its own, if it was measured.
+fn sync_table(interleaved: &Value) -> Option<String> {
+    let (workload, shape) = SYNC;
+    let row = interleaved_row(interleaved, workload)?;
+    let rounds = interleaved["rounds"].as_u64().unwrap_or(0);
+    let mut table = format!(
+        "Threads through blocking calls, the contenders taking turns: median million \
+         lock/unlock pairs per second over {rounds} rounds (min–max; higher is better):\n\n\
+         | workload |"
+    );
+    for name in SYNC_CONTENDERS {
+        let _ = write!(table, " {name} |");
+    }
+    for (_, label) in OUR_CONFIGURATIONS {
+        let _ = write!(table, " {label} / best peer |");
+    }
+    table.push_str("\n|---|");
+    table.push_str(&"--:|".repeat(SYNC_CONTENDERS.len() + OUR_CONFIGURATIONS.len()));
+    let _ = write!(table, "\n| `{workload}`: {shape} |");
+    for name in SYNC_CONTENDERS {
+        let _ = write!(table, " {} |", spread_cell(&row["contenders"][name], ""));
+    }
+    for (name, _) in OUR_CONFIGURATIONS {
+        let _ = write!(
+            table,
+            " {} |",
+            spread_cell(&row["ratio_to_best_peer"][name], "×")
+        );
+    }
+    table.push('\n');
+    Some(table)
 }
 
 /// The header of a throughput table: the contenders, a ratio to the best peer for each of our

@@ -111,6 +111,15 @@
 //! # }
 //! ```
 //!
+//! **Threads.** Code outside the runtime (a std thread, `spawn_blocking`, a synchronous
+//! callback) takes keys with [`blocking_lock`](LockRegistry::blocking_lock),
+//! [`blocking_lock_shared`](LockRegistry::blocking_lock_shared),
+//! [`blocking_acquire`](LockRegistry::blocking_acquire),
+//! [`blocking_lock_all`](LockRegistry::blocking_lock_all) and their `blocking_try_*` twins
+//! (the `try_*` futures wait for the actor task in actor mode, so sync code needs the twins):
+//! the same queue, tokens and guards as the async calls, the thread parked while it waits.
+//! On a runtime's own thread they panic, as tokio's `Mutex::blocking_lock` does.
+//!
 //! **Shards.** [`RegistryBuilder::shards`] spreads the keys over several owners, each with its
 //! own lock, table and actor: many tasks over many keys then stop meeting on one lock. Every rule
 //! holds per key; fencing tokens increase per key (with one shard, across the registry), and each
@@ -139,8 +148,9 @@
 //!
 //! # When not to use it
 //!
-//! - **Critical sections that never await**: a `std` or `parking_lot` mutex per shard, or
-//!   `dashmap`, is simpler and faster.
+//! - **Synchronous code only**, or critical sections that never await: a `std` or
+//!   `parking_lot` mutex per shard, or `dashmap`, is simpler and faster. Threads that share
+//!   keys with async tasks take them here with the blocking calls.
 //! - **A fixed, small set of keys** known up front: a `tokio::sync::Mutex` per key in a plain
 //!   struct needs no registry.
 //! - **Throughput above all**: with one shard the best mutex-map crates do more lock/unlock
@@ -225,6 +235,8 @@ mod runtime;
 #[cfg(feature = "postgres")]
 mod cluster;
 
+// The blocking twins of the acquires, for threads outside the runtime.
+mod blocking;
 mod builder;
 mod error;
 mod guard;

@@ -3,6 +3,7 @@
 
 mod acquisition_spans;
 mod actor_death;
+mod blocking;
 mod bounds;
 mod cancel_safety;
 // Not a behaviour: the registry configurations a test runs in when it must hold in each.
