@@ -37,7 +37,7 @@ use workloads::Workload;
 const ROUNDS: usize = 15;
 
 /// The contenders users choose between: the bar is the best of them in each round.
-const PEERS: [&str; 4] = ["lockable", "keyed-lock", "key-mutex", "seed"];
+const PEERS: [&str; 4] = ["lockable", "keyed-lock", "key-mutex", "refcount-map"];
 /// Our configurations, each held against the best peer.
 const OURS: [&str; 3] = ["keyed-locks", "keyed-locks-actor", "keyed-locks-8-shards"];
 /// The `sync` workload's peers: lockable's `LockPool::blocking_lock`, and a hand-written

@@ -21,7 +21,7 @@
 //!   "before it runs again" holds for every key.
 //!
 //! Entries are read with each contender's own count (`stats().keys` for keyed-locks, the map's
-//! length for the seed); keyed-lock has no count, so the allocations still live afterwards are
+//! length for the reference-counted map); keyed-lock has no count, so the allocations still live afterwards are
 //! reported for everyone: a leaked entry keeps at least one allocation. keyed-locks' figure
 //! includes the grant slots it keeps for reuse (at most 256 per thread, tied to no key).
 

@@ -1,5 +1,5 @@
 //! Throughput against the peers: `distinct`, `spread` and `hot`, for keyed-locks,
-//! lockable, keyed-lock, key-mutex, the seed's pattern and a bare `tokio::sync::Mutex` per key
+//! lockable, keyed-lock, key-mutex, the reference-count pattern and a bare `tokio::sync::Mutex` per key
 //! (the floor), all on one tokio multi-thread runtime with 2 workers.
 //!
 //! Run with `cargo bench --bench peers`; criterion writes its estimates under

@@ -33,7 +33,7 @@ const OUR_CONFIGURATIONS: [(&str, &str); 3] = [
     (OURS_SHARDED, "8 shards"),
 ];
 /// The implementations users choose between; the best of them is the bar to meet.
-const PEERS: [&str; 4] = ["lockable", "keyed-lock", "key-mutex", "seed"];
+const PEERS: [&str; 4] = ["lockable", "keyed-lock", "key-mutex", "refcount-map"];
 /// Where the peers sit in [`ALL`]: right after our configurations.
 const PEER_INDICES: std::ops::Range<usize> =
     OUR_CONFIGURATIONS.len()..OUR_CONFIGURATIONS.len() + PEERS.len();

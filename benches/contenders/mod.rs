@@ -154,26 +154,26 @@ impl Contender for KeyMutexPeer {
     }
 }
 
-/// The seed's pattern, `Mutex<HashMap<K, (Arc<tokio::sync::Mutex<()>>, count)>>`, written
+/// The reference-count pattern, `Mutex<HashMap<K, (Arc<tokio::sync::Mutex<()>>, count)>>`, written
 /// cancel-safely: the count is taken under the map lock before the first await and given back
 /// by a drop guard, so a waiting future that is dropped gives it back too.
-pub struct Seed {
-    map: Mutex<SeedMap>,
+pub struct RefCountMap {
+    map: Mutex<RefCountEntries>,
 }
 
 /// Each key's mutex and reference count: holders plus waiters.
-type SeedMap = HashMap<u64, (Arc<tokio::sync::Mutex<()>>, usize)>;
+type RefCountEntries = HashMap<u64, (Arc<tokio::sync::Mutex<()>>, usize)>;
 
-/// One unit of a key's reference count in [`Seed`]; dropping it gives the unit back and
+/// One unit of a key's reference count in [`RefCountMap`]; dropping it gives the unit back and
 /// removes the entry when it was the last.
-pub struct SeedCount<'a> {
-    seed: &'a Seed,
+pub struct RefCount<'a> {
+    map: &'a RefCountMap,
     key: u64,
 }
 
-impl Drop for SeedCount<'_> {
+impl Drop for RefCount<'_> {
     fn drop(&mut self) {
-        let mut map = self.seed.map();
+        let mut map = self.map.map();
         if let hash_map::Entry::Occupied(mut entry) = map.entry(self.key) {
             entry.get_mut().1 -= 1;
             if entry.get().1 == 0 {
@@ -183,25 +183,25 @@ impl Drop for SeedCount<'_> {
     }
 }
 
-/// The seed's guard. Fields drop in order: the mutex is unlocked before the count goes.
-pub struct SeedGuard<'a> {
+/// The reference-counted map's guard. Fields drop in order: the mutex is unlocked before the count goes.
+pub struct RefCountGuard<'a> {
     _held: tokio::sync::OwnedMutexGuard<()>,
-    _count: SeedCount<'a>,
+    _count: RefCount<'a>,
 }
 
-impl Seed {
-    fn map(&self) -> MutexGuard<'_, SeedMap> {
+impl RefCountMap {
+    fn map(&self) -> MutexGuard<'_, RefCountEntries> {
         // Nothing panics under this lock; a poisoned map is still a consistent map.
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-impl Contender for Seed {
-    const NAME: &'static str = "seed";
-    type Guard<'a> = SeedGuard<'a>;
+impl Contender for RefCountMap {
+    const NAME: &'static str = "refcount-map";
+    type Guard<'a> = RefCountGuard<'a>;
 
     fn new(_keys: usize) -> Self {
-        Seed {
+        RefCountMap {
             map: Mutex::new(HashMap::new()),
         }
     }
@@ -216,9 +216,9 @@ impl Contender for Seed {
             Arc::clone(&entry.0)
         };
         // Armed before the first await: from here on, dropping this future gives the count back.
-        let count = SeedCount { seed: self, key };
+        let count = RefCount { map: self, key };
         let held = mutex.lock_owned().await;
-        SeedGuard {
+        RefCountGuard {
             _held: held,
             _count: count,
         }
@@ -367,7 +367,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 macro_rules! for_each_contender {
     ($c:ident => $body:expr) => {
         $crate::for_each_contender!(@each $c => $body;
-            Ours, OursActorMode, OursSharded, LockablePeer, KeyedLockPeer, KeyMutexPeer, Seed, NaiveActor, Floor)
+            Ours, OursActorMode, OursSharded, LockablePeer, KeyedLockPeer, KeyMutexPeer, RefCountMap, NaiveActor, Floor)
     };
     (@each $c:ident => $body:expr; $($contender:ident),*) => {{
         $({
