@@ -21,6 +21,14 @@ pub(crate) type Fence = u64;
 /// key that can be acquired can also be released and announced.
 pub(crate) const MAX_KEY_BYTES: usize = 2048;
 
+/// Refuses a key longer than [`MAX_KEY_BYTES`], as every store does before it touches its table.
+pub(super) fn check_key(key: &str) -> Result<(), LeaseError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(LeaseError::KeyTooLong { bytes: key.len() });
+    }
+    Ok(())
+}
+
 /// Leases on string keys, held by one owner per store.
 ///
 /// The lease's length (and the heartbeat that renews it) belong to the store, fixed and checked

@@ -34,7 +34,7 @@ use tokio_postgres::{Client, Row};
 use super::config::{LeaseTable, PgLeaseConfig};
 use super::entropy::random_u64;
 use super::error::{ClusterError, LeaseError};
-use super::lease_store::{Fence, LeaseStore, MAX_KEY_BYTES};
+use super::lease_store::{Fence, LeaseStore, check_key};
 use super::link::StatementLink;
 use super::listener;
 use super::notices::LeaseNotices;
@@ -291,13 +291,6 @@ impl Statements {
             ),
         }
     }
-}
-
-fn check_key(key: &str) -> Result<(), LeaseError> {
-    if key.len() > MAX_KEY_BYTES {
-        return Err(LeaseError::KeyTooLong { bytes: key.len() });
-    }
-    Ok(())
 }
 
 fn fence_of(row: &Row) -> Result<Fence, LeaseError> {

@@ -17,7 +17,7 @@ use tokio_postgres::{Client, NoTls};
 use crate::cluster::ClusterError;
 use crate::cluster::config::PgLeaseConfig;
 use crate::cluster::error::LeaseError;
-use crate::cluster::lease_store::{Fence, LeaseNotice, LeaseStore};
+use crate::cluster::lease_store::{Fence, LeaseNotice, LeaseStore, MAX_KEY_BYTES};
 use crate::cluster::notices::LeaseNotices;
 use crate::cluster::postgres::PgLeaseStore;
 
@@ -252,13 +252,13 @@ async fn a_key_too_long_to_announce_is_refused_and_the_longest_allowed_works() {
     let prefix = "kl_test_key_length_";
     let _admin = fresh_table(prefix).await;
     let (store, mut notices) = store(&config(prefix)).await;
-    let too_long = "k".repeat(super::MAX_KEY_BYTES + 1);
+    let too_long = "k".repeat(MAX_KEY_BYTES + 1);
     assert!(matches!(
         store.acquire(&too_long).await,
         Err(LeaseError::KeyTooLong { .. })
     ));
     // Random-looking, so that compression cannot shrink it below the index's limit.
-    let longest: String = (0..super::MAX_KEY_BYTES)
+    let longest: String = (0..MAX_KEY_BYTES)
         .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
         .collect();
     let fence = acquired(&store, &longest).await;
