@@ -13,6 +13,9 @@ use std::future::Future;
 
 use super::error::LeaseError;
 
+#[cfg(test)]
+pub(super) mod contract;
+
 /// A fence: the lease row's counter, incremented by every acquisition, never reset.
 pub(crate) type Fence = u64;
 

@@ -6,7 +6,8 @@
 //!
 //! Each test has its own table prefix (`kl_test_<test>_`) and drops its table first, so tests
 //! run in parallel and after a failed run. Waits for something that should take milliseconds
-//! are bounded by [`BOUND`]; leases that must run out are short and slept past with a margin.
+//! are bounded by [`BOUND`]. The lease contract's tests (`lease_store::contract`) run here too,
+//! each on its own table `kl_contract_<test>_leases`.
 
 use std::future::Future;
 use std::time::Duration;
@@ -17,15 +18,13 @@ use tokio_postgres::{Client, NoTls};
 use crate::cluster::ClusterError;
 use crate::cluster::config::PgLeaseConfig;
 use crate::cluster::error::LeaseError;
-use crate::cluster::lease_store::{Fence, LeaseNotice, LeaseStore, MAX_KEY_BYTES};
+use crate::cluster::lease_store::contract::{Backend, RowView, contract_tests};
+use crate::cluster::lease_store::{Fence, LeaseNotice, LeaseStore};
 use crate::cluster::notices::LeaseNotices;
 use crate::cluster::postgres::PgLeaseStore;
 
 /// Generous, for a loaded machine: what takes milliseconds must be done by then.
 const BOUND: Duration = Duration::from_secs(10);
-/// A lease that runs out during a test, and how long to sleep to be sure it has.
-const SHORT_LEASE: Duration = Duration::from_millis(300);
-const PAST_SHORT_LEASE: Duration = Duration::from_millis(700);
 /// The role the permission tests connect as.
 const NO_PRIVILEGES_ROLE: &str = "kl_test_no_privileges";
 
@@ -49,11 +48,11 @@ fn config(prefix: &str) -> PgLeaseConfig {
     }
 }
 
-/// A lease of [`SHORT_LEASE`], renewed every 100 ms.
-fn short_lease_config(prefix: &str) -> PgLeaseConfig {
+/// A lease of `lease`, renewed three times per lease (at most every 10 s).
+fn lease_config(prefix: &str, lease: Duration) -> PgLeaseConfig {
     PgLeaseConfig {
-        lease: SHORT_LEASE,
-        heartbeat: Duration::from_millis(100),
+        lease,
+        heartbeat: (lease / 3).min(Duration::from_secs(10)),
         ..config(prefix)
     }
 }
@@ -195,202 +194,49 @@ async fn no_privileges_role(admin: &Client) {
         .expect("the role can be created");
 }
 
-// Acquire.
+// The lease contract, as every store keeps it.
 
-#[tokio::test]
-async fn a_free_key_is_acquired_with_fence_1() {
-    let prefix = "kl_test_acquire_free_";
-    let admin = fresh_table(prefix).await;
-    let (store, _notices) = store(&config(prefix)).await;
-    assert_eq!(store.acquire("k").await.ok(), Some(Some(1)));
-    assert_eq!(
-        row(&admin, prefix, "k").await,
-        Some((Some(store.owner().to_owned()), 1))
-    );
+/// Each contract test's own table, `kl_contract_<test>_leases`, and the admin connection that
+/// reads its rows.
+struct PgBackend {
+    admin: Client,
+    prefix: String,
 }
 
-#[tokio::test]
-async fn a_live_lease_is_not_acquired_by_another_owner() {
-    let prefix = "kl_test_acquire_live_";
-    let admin = fresh_table(prefix).await;
-    let (holder, _holder_notices) = store(&config(prefix)).await;
-    let (other, _other_notices) = store(&config(prefix)).await;
-    assert_eq!(acquired(&holder, "k").await, 1);
-    assert_eq!(other.acquire("k").await.ok(), Some(None));
-    assert_eq!(
-        row(&admin, prefix, "k").await,
-        Some((Some(holder.owner().to_owned()), 1))
-    );
+impl Backend for PgBackend {
+    type Store = PgLeaseStore;
+
+    async fn stores(test: &str, leases: &[Duration]) -> (Self, Vec<(PgLeaseStore, LeaseNotices)>) {
+        let prefix = format!("kl_contract_{test}_");
+        let admin = fresh_table(&prefix).await;
+        let mut stores = Vec::new();
+        for &lease in leases {
+            stores.push(store(&lease_config(&prefix, lease)).await);
+        }
+        (PgBackend { admin, prefix }, stores)
+    }
+
+    fn owner(store: &PgLeaseStore) -> String {
+        store.owner().to_owned()
+    }
+
+    async fn row(&self, key: &str) -> Option<RowView> {
+        let (owner, fence) = row(&self.admin, &self.prefix, key).await?;
+        let fence = Fence::try_from(fence).expect("the column keeps fences positive");
+        Some((owner, fence))
+    }
+
+    async fn expires_at(&self, key: &str) -> Duration {
+        Duration::from_secs_f64(expires_at(&self.admin, &self.prefix, key).await)
+    }
 }
 
-#[tokio::test]
-async fn an_expired_lease_is_acquired_by_another_owner_with_the_next_fence() {
-    let prefix = "kl_test_acquire_expired_";
-    let _admin = fresh_table(prefix).await;
-    let (holder, _holder_notices) = store(&short_lease_config(prefix)).await;
-    let (other, _other_notices) = store(&config(prefix)).await;
-    assert_eq!(acquired(&holder, "k").await, 1);
-    sleep(PAST_SHORT_LEASE).await;
-    assert_eq!(other.acquire("k").await.ok(), Some(Some(2)));
-}
-
-#[tokio::test]
-async fn the_holder_acquiring_again_gets_a_new_fence_and_the_old_one_is_dead() {
-    // What makes a lost acquire reply harmless: the next acquire of ours takes the key again.
-    let prefix = "kl_test_acquire_again_";
-    let _admin = fresh_table(prefix).await;
-    let (store, _notices) = store(&config(prefix)).await;
-    assert_eq!(acquired(&store, "k").await, 1);
-    assert_eq!(acquired(&store, "k").await, 2);
-    assert_eq!(store.renew("k", 1).await.ok(), Some(false));
-    assert_eq!(store.release("k", 1).await.ok(), Some(false));
-    assert_eq!(store.renew("k", 2).await.ok(), Some(true));
-}
-
-#[tokio::test]
-async fn a_key_too_long_to_announce_is_refused_and_the_longest_allowed_works() {
-    let prefix = "kl_test_key_length_";
-    let _admin = fresh_table(prefix).await;
-    let (store, mut notices) = store(&config(prefix)).await;
-    let too_long = "k".repeat(MAX_KEY_BYTES + 1);
-    assert!(matches!(
-        store.acquire(&too_long).await,
-        Err(LeaseError::KeyTooLong { .. })
-    ));
-    // Random-looking, so that compression cannot shrink it below the index's limit.
-    let longest: String = (0..MAX_KEY_BYTES)
-        .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
-        .collect();
-    let fence = acquired(&store, &longest).await;
-    assert_eq!(store.release(&longest, fence).await.ok(), Some(true));
-    assert_eq!(next_notice(&mut notices).await, released(&longest));
-}
-
-// Renew.
-
-#[tokio::test]
-async fn renew_extends_a_live_lease_from_now() {
-    let prefix = "kl_test_renew_live_";
-    let admin = fresh_table(prefix).await;
-    let (store, _notices) = store(&config(prefix)).await;
-    let fence = acquired(&store, "k").await;
-    let before = expires_at(&admin, prefix, "k").await;
-    sleep(Duration::from_millis(50)).await;
-    assert_eq!(store.renew("k", fence).await.ok(), Some(true));
-    assert!(expires_at(&admin, prefix, "k").await > before);
-}
-
-#[tokio::test]
-async fn renew_fails_once_another_owner_took_the_lease() {
-    let prefix = "kl_test_renew_taken_";
-    let admin = fresh_table(prefix).await;
-    let (holder, _holder_notices) = store(&short_lease_config(prefix)).await;
-    let (other, _other_notices) = store(&config(prefix)).await;
-    let fence = acquired(&holder, "k").await;
-    sleep(PAST_SHORT_LEASE).await;
-    assert_eq!(acquired(&other, "k").await, fence + 1);
-    let before = expires_at(&admin, prefix, "k").await;
-    assert_eq!(holder.renew("k", fence).await.ok(), Some(false));
-    assert_eq!(expires_at(&admin, prefix, "k").await, before);
-}
-
-#[tokio::test]
-async fn renew_fails_once_the_lease_ran_out_even_if_nobody_took_it() {
-    let prefix = "kl_test_renew_expired_";
-    let _admin = fresh_table(prefix).await;
-    let (holder, _notices) = store(&short_lease_config(prefix)).await;
-    let fence = acquired(&holder, "k").await;
-    sleep(PAST_SHORT_LEASE).await;
-    assert_eq!(holder.renew("k", fence).await.ok(), Some(false));
-}
-
-// Release.
-
-#[tokio::test]
-async fn release_keeps_the_row_and_its_fence_and_the_next_acquire_gets_the_next_fence() {
-    let prefix = "kl_test_release_keeps_";
-    let admin = fresh_table(prefix).await;
-    let (holder, _holder_notices) = store(&config(prefix)).await;
-    let (other, _other_notices) = store(&config(prefix)).await;
-    let fence = acquired(&holder, "k").await;
-    assert_eq!(holder.release("k", fence).await.ok(), Some(true));
-    assert_eq!(row(&admin, prefix, "k").await, Some((None, 1)));
-    assert_eq!(acquired(&other, "k").await, 2);
-}
-
-#[tokio::test]
-async fn release_with_a_stale_fence_returns_false_and_changes_nothing() {
-    let prefix = "kl_test_release_stale_";
-    let admin = fresh_table(prefix).await;
-    let (holder, _holder_notices) = store(&short_lease_config(prefix)).await;
-    let (other, _other_notices) = store(&config(prefix)).await;
-    let stale = acquired(&holder, "k").await;
-    sleep(PAST_SHORT_LEASE).await;
-    let current = acquired(&other, "k").await;
-    let before = (
-        row(&admin, prefix, "k").await,
-        expires_at(&admin, prefix, "k").await,
-    );
-    assert_eq!(holder.release("k", stale).await.ok(), Some(false));
-    // Nor can the stale holder release with the current fence: it is not the owner.
-    assert_eq!(holder.release("k", current).await.ok(), Some(false));
-    let after = (
-        row(&admin, prefix, "k").await,
-        expires_at(&admin, prefix, "k").await,
-    );
-    assert_eq!(after, before);
-    assert_eq!(other.renew("k", current).await.ok(), Some(true));
-}
-
-#[tokio::test]
-async fn a_lease_that_ran_out_untaken_is_still_released_by_its_holder() {
-    let prefix = "kl_test_release_expired_";
-    let admin = fresh_table(prefix).await;
-    let (holder, _notices) = store(&short_lease_config(prefix)).await;
-    let fence = acquired(&holder, "k").await;
-    sleep(PAST_SHORT_LEASE).await;
-    assert_eq!(holder.release("k", fence).await.ok(), Some(true));
-    assert_eq!(row(&admin, prefix, "k").await, Some((None, 1)));
-}
-
-#[tokio::test]
-async fn release_all_releases_our_leases_and_no_one_elses() {
-    let prefix = "kl_test_release_all_";
-    let admin = fresh_table(prefix).await;
-    let (ours, mut notices) = store(&config(prefix)).await;
-    let (theirs, _their_notices) = store(&config(prefix)).await;
-    acquired(&ours, "a").await;
-    acquired(&ours, "b").await;
-    acquired(&theirs, "c").await;
-    assert_eq!(ours.release_all().await.ok(), Some(2));
-    assert_eq!(row(&admin, prefix, "a").await, Some((None, 1)));
-    assert_eq!(row(&admin, prefix, "b").await, Some((None, 1)));
-    assert_eq!(
-        row(&admin, prefix, "c").await,
-        Some((Some(theirs.owner().to_owned()), 1))
-    );
-    let mut announced = vec![
-        next_notice(&mut notices).await,
-        next_notice(&mut notices).await,
-    ];
-    announced.sort_by_key(|notice| format!("{notice:?}"));
-    assert_eq!(announced, vec![released("a"), released("b")]);
-    assert_eq!(ours.release_all().await.ok(), Some(0));
-}
+contract_tests!(
+    #[tokio::test]
+    PgBackend
+);
 
 // Notices.
-
-#[tokio::test]
-async fn a_release_is_announced_to_every_store() {
-    let prefix = "kl_test_notify_";
-    let _admin = fresh_table(prefix).await;
-    let (holder, mut holder_notices) = store(&config(prefix)).await;
-    let (_waiter, mut waiter_notices) = store(&config(prefix)).await;
-    let fence = acquired(&holder, "k").await;
-    assert_eq!(holder.release("k", fence).await.ok(), Some(true));
-    assert_eq!(next_notice(&mut waiter_notices).await, released("k"));
-    assert_eq!(next_notice(&mut holder_notices).await, released("k"));
-}
 
 #[tokio::test]
 async fn a_lost_listening_connection_is_made_again_and_says_missed() {
