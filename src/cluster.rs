@@ -7,6 +7,7 @@
 //! - `lease_store`: the interface the rest of the crate uses ([`LeaseStore`], [`Fence`],
 //!   [`LeaseNotice`]); it knows no SQL.
 //! - `postgres`: [`PgLeaseStore`], the table, its invariants and its statements.
+//!   `memory_store` (tests only): the same table in memory on tokio's clock, for simulations.
 //! - `link`: the statement connection, made again after a loss; `listener`: the LISTEN
 //!   connection, likewise; `notices`: the channel from the listener to the waiters.
 //! - `config`, `connection`, `backoff`, `entropy`, `error`: what they say.
@@ -24,6 +25,8 @@ mod lease_store;
 mod leases;
 mod link;
 mod listener;
+#[cfg(test)]
+mod memory_store;
 mod notices;
 mod postgres;
 mod registry;
