@@ -1,5 +1,6 @@
 //! The lease store as the rest of the crate sees it: take, keep and give back the lease of a
-//! key, each acquisition numbered by a fence. No SQL here; `postgres` is the implementation.
+//! key, each acquisition numbered by a fence. No SQL here: `postgres` implements it on a table,
+//! `memory_store` (tests only) in memory; `contract` holds them to the same rules.
 //!
 //! # What a fence is for
 //!
