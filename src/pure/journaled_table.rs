@@ -26,6 +26,23 @@ struct Ring<K> {
 }
 
 impl<K: Clone> Ring<K> {
+    /// Records a release or a cancel of `waiter`: the input, then the grants it caused, or
+    /// the refusal.
+    fn push_step<D>(
+        &mut self,
+        input: JournalEvent<K>,
+        waiter: WaiterId,
+        outcome: Result<&[Grant<D>], &WaiterError>,
+    ) {
+        self.push(input);
+        match outcome {
+            Ok(grants) => grants
+                .iter()
+                .for_each(|grant| self.push(grant_event(grant))),
+            Err(error) => self.push(refused(waiter, *error)),
+        }
+    }
+
     fn push(&mut self, event: JournalEvent<K>) {
         if self.capacity == 0 {
             self.dropped += 1;
@@ -276,13 +293,12 @@ where
         };
         let already_granted = granted.len();
         let result = self.table.release(waiter_id, granted);
-        ring.push(JournalEvent::Release { waiter: waiter_id });
-        match &result {
-            Ok(_) => granted[already_granted..]
-                .iter()
-                .for_each(|grant| ring.push(grant_event(grant))),
-            Err(error) => ring.push(refused(waiter_id, *error)),
-        }
+        let outcome = result.as_ref().map(|_| &granted[already_granted..]);
+        ring.push_step(
+            JournalEvent::Release { waiter: waiter_id },
+            waiter_id,
+            outcome,
+        );
         result
     }
 
@@ -301,13 +317,12 @@ where
         };
         let already_granted = granted.len();
         let result = self.table.cancel(waiter_id, granted);
-        ring.push(JournalEvent::Cancel { waiter: waiter_id });
-        match &result {
-            Ok(_) => granted[already_granted..]
-                .iter()
-                .for_each(|grant| ring.push(grant_event(grant))),
-            Err(error) => ring.push(refused(waiter_id, *error)),
-        }
+        let outcome = result.as_ref().map(|_| &granted[already_granted..]);
+        ring.push_step(
+            JournalEvent::Cancel { waiter: waiter_id },
+            waiter_id,
+            outcome,
+        );
         result
     }
 

@@ -18,7 +18,7 @@ pub(crate) const SHORT_LEASE: Duration = Duration::from_millis(300);
 pub(crate) const PAST_SHORT_LEASE: Duration = Duration::from_millis(700);
 pub(crate) const LONG_LEASE: Duration = Duration::from_secs(30);
 /// Generous, for a loaded machine: a notice that should take milliseconds must be there by then.
-const BOUND: Duration = Duration::from_secs(10);
+pub(crate) const BOUND: Duration = Duration::from_secs(10);
 
 /// A lease row as a backend reads it: its owner (`None` once released) and its fence.
 pub(crate) type RowView = (Option<String>, Fence);
@@ -86,13 +86,13 @@ async fn acquired<S: LeaseStore>(store: &S, key: &str) -> Fence {
     }
 }
 
-async fn next_notice(notices: &mut LeaseNotices) -> Option<LeaseNotice> {
+pub(crate) async fn next_notice(notices: &mut LeaseNotices) -> Option<LeaseNotice> {
     timeout(BOUND, notices.recv())
         .await
         .expect("a notice within the bound")
 }
 
-fn released(key: &str) -> Option<LeaseNotice> {
+pub(crate) fn released(key: &str) -> Option<LeaseNotice> {
     Some(LeaseNotice::Released(key.to_owned()))
 }
 

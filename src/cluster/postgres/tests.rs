@@ -18,13 +18,13 @@ use tokio_postgres::{Client, NoTls};
 use crate::cluster::ClusterError;
 use crate::cluster::config::PgLeaseConfig;
 use crate::cluster::error::LeaseError;
-use crate::cluster::lease_store::contract::{Backend, RowView, contract_tests};
+use crate::cluster::lease_store::contract::{
+    BOUND, Backend, RowView, contract_tests, next_notice, released,
+};
 use crate::cluster::lease_store::{Fence, LeaseNotice, LeaseStore};
 use crate::cluster::notices::LeaseNotices;
 use crate::cluster::postgres::PgLeaseStore;
 
-/// Generous, for a loaded machine: what takes milliseconds must be done by then.
-const BOUND: Duration = Duration::from_secs(10);
 /// The role the permission tests connect as.
 const NO_PRIVILEGES_ROLE: &str = "kl_test_no_privileges";
 
@@ -151,16 +151,6 @@ where
         assert!(Instant::now() < deadline, "{what}: not within {BOUND:?}");
         sleep(Duration::from_millis(20)).await;
     }
-}
-
-async fn next_notice(notices: &mut LeaseNotices) -> Option<LeaseNotice> {
-    timeout(BOUND, notices.recv())
-        .await
-        .expect("a notice within the bound")
-}
-
-fn released(key: &str) -> Option<LeaseNotice> {
-    Some(LeaseNotice::Released(key.to_owned()))
 }
 
 async fn acquired(store: &PgLeaseStore, key: &str) -> Fence {
