@@ -240,27 +240,42 @@ fn waiting_calls() -> [(&'static str, WaitingCall); 4] {
     ]
 }
 
+/// Holds `HELD` from the runtime, has a thread `wait` for it, runs `stop` once the thread is
+/// queued, and checks that the thread's call answered `Closed` (the holder drops after).
+fn waiting_thread_gets_closed_when<S>(
+    stop: impl FnOnce(Runtime, &LockRegistry<u32>) -> S,
+    builder: RegistryBuilder<u32>,
+    call: &str,
+    wait: WaitingCall,
+) {
+    let name = format!("{builder:?}");
+    let runtime = runtime();
+    let registry = spawn_on(&runtime, builder);
+    let held = runtime.block_on(registry.lock(HELD)).expect("open");
+    let waiter = thread::spawn({
+        let registry = registry.clone();
+        move || wait(&registry)
+    });
+    wait_for_waiters(&runtime, &registry, 1);
+    let stopped = stop(runtime, &registry);
+    let outcome = waiter
+        .join()
+        .unwrap_or_else(|_| panic!("the waiter panicked in {name}"));
+    drop(held);
+    drop(stopped);
+    assert_eq!(outcome, Err(LockError::Closed), "{call} in {name}");
+}
+
 /// A thread parked in each waiting call when `shutdown` runs gets `Closed`.
 #[test]
 fn a_thread_waiting_when_the_registry_shuts_down_gets_closed() {
     for (call, wait) in waiting_calls() {
         for builder in builders::<u32>() {
-            let name = format!("{call} in {builder:?}");
-            let runtime = runtime();
-            let registry = spawn_on(&runtime, builder);
-            let held = runtime.block_on(registry.lock(HELD)).expect("open");
-            let waiter = thread::spawn({
-                let registry = registry.clone();
-                move || wait(&registry)
-            });
-            wait_for_waiters(&runtime, &registry, 1);
-            runtime.block_on(registry.shutdown());
-            assert_eq!(
-                waiter.join().expect("the waiter did not panic"),
-                Err(LockError::Closed),
-                "{name}"
-            );
-            drop(held);
+            let shutdown = |runtime: Runtime, registry: &LockRegistry<u32>| {
+                runtime.block_on(registry.shutdown());
+                runtime
+            };
+            waiting_thread_gets_closed_when(shutdown, builder, call, wait);
         }
     }
 }
@@ -270,22 +285,12 @@ fn a_thread_waiting_when_the_registry_shuts_down_gets_closed() {
 #[test]
 fn a_thread_waiting_when_the_runtime_shuts_down_gets_closed() {
     for builder in builders::<u32>() {
-        let name = format!("{builder:?}");
-        let runtime = runtime();
-        let registry = spawn_on(&runtime, builder);
-        let held = runtime.block_on(registry.lock(HELD)).expect("open");
-        let waiter = thread::spawn({
-            let registry = registry.clone();
-            move || registry.blocking_lock(HELD).map(drop)
-        });
-        wait_for_waiters(&runtime, &registry, 1);
-        drop(runtime);
-        assert_eq!(
-            waiter.join().expect("the waiter did not panic"),
-            Err(LockError::Closed),
-            "{name}"
+        waiting_thread_gets_closed_when(
+            |runtime, _| drop(runtime),
+            builder,
+            "blocking_lock",
+            |registry| registry.blocking_lock(HELD).map(drop),
         );
-        drop(held);
     }
 }
 
