@@ -2,6 +2,8 @@
 //! exclude each other per key, each acquisition numbered by a fence.
 //!
 //! - `registry` and `guard`: the public face, [`ClusterRegistry`] and [`ClusterGuard`].
+//! - `locks`: the lock path on any lease store, which the registry runs on PostgreSQL and the
+//!   simulator on the in-memory store.
 //! - `leases`: the process's leases and who in the process wants them (lock cohorting); it
 //!   knows the store only through [`LeaseStore`]. `lease_note`: what it notes in the journal.
 //! - `lease_store`: the interface the rest of the crate uses ([`LeaseStore`], [`Fence`],
@@ -25,11 +27,14 @@ mod lease_store;
 mod leases;
 mod link;
 mod listener;
+mod locks;
 #[cfg(test)]
 mod memory_store;
 mod notices;
 mod postgres;
 mod registry;
+#[cfg(test)]
+mod sim;
 
 pub use error::ClusterError;
 pub use guard::ClusterGuard;

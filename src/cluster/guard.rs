@@ -6,7 +6,6 @@ use tokio::sync::watch;
 
 use super::lease_store::Fence;
 use super::leases::{Interest, Lease, Validity};
-use super::postgres::PgLeaseStore;
 use crate::LockKey;
 use crate::guard::KeyGuard;
 
@@ -24,11 +23,11 @@ pub struct ClusterGuard<K: LockKey + fmt::Display> {
     // Field order is drop order: the local lock goes before the interest, so a lease whose
     // last local user leaves is released after the key is free locally.
     local: KeyGuard<K>,
-    interest: Interest<PgLeaseStore>,
+    interest: Interest,
 }
 
 impl<K: LockKey + fmt::Display> ClusterGuard<K> {
-    pub(super) fn new(local: KeyGuard<K>, lease: Lease, interest: Interest<PgLeaseStore>) -> Self {
+    pub(super) fn new(local: KeyGuard<K>, lease: Lease, interest: Interest) -> Self {
         ClusterGuard {
             fence: lease.fence,
             fencing_token: lease.fencing_token,
@@ -81,6 +80,8 @@ impl<K: LockKey + fmt::Display> ClusterGuard<K> {
                 return;
             }
             tokio::select! {
+                // In the order written, not at random: a simulated run repeats exactly.
+                biased;
                 changed = validity.changed() => {
                     // The lease's record is gone, which happens only once it was lost.
                     if changed.is_err() {
@@ -96,9 +97,7 @@ impl<K: LockKey + fmt::Display> ClusterGuard<K> {
 impl<K: LockKey + fmt::Display> Drop for ClusterGuard<K> {
     fn drop(&mut self) {
         // Before the local lock goes: the next local holder must find the lease free.
-        self.interest
-            .leases()
-            .put_back(self.interest.name(), self.fence);
+        self.interest.put_back(self.fence);
     }
 }
 

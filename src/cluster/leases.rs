@@ -24,15 +24,21 @@
 //!    to one holder at a time, and only that holder takes the lease.
 //! 4. `uses < max_uses` for a lease in use: a fencing token's low bits never overflow into
 //!    the fence.
+//! 5. Once [`Leases::release_everything`] has begun (shutdown), no lease is recorded as held:
+//!    one whose acquisition lands later is released, so no guard is made on a lease that
+//!    shutdown's release may already have given back. (Found by the simulator: a `lock` whose
+//!    statement was in flight during `shutdown` got a guard that believed its lease live
+//!    while another process held the key.)
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::entropy::random_u64;
+use super::entropy::Jitter;
 use super::lease_note::{LeaseEvent, LeaseNote};
 use super::lease_store::{Fence, LeaseNotice, LeaseStore};
 use super::notices::LeaseNotices;
@@ -59,13 +65,25 @@ pub(crate) fn fencing_token(fence: Fence, uses: u32) -> u64 {
     (fence << HANDOFF_BITS) | u64::from(uses)
 }
 
+/// The local keys, hashed with a fixed seed: the heartbeat and a missed notice visit them in
+/// an order that depends only on the keys and their history, so a simulated run repeats
+/// exactly. The keys are whatever the callers lock, not chosen by an attacker against this map
+/// in particular; the local registry's own map keeps its random seed.
+type KeyMap = HashMap<String, KeyLease, foldhash::fast::FixedState>;
+
 /// The leases of one cluster registry.
 pub(crate) struct Leases<S> {
     store: S,
     bounds: CohortBounds,
     lease: Duration,
-    keys: Mutex<HashMap<String, KeyLease>>,
+    keys: Mutex<KeyMap>,
+    /// Set by [`release_everything`](Self::release_everything): a lease taken after it is
+    /// given back at once, not recorded (invariant 5). Written and read under `keys`' lock,
+    /// which orders them.
+    closed: AtomicBool,
     journal: Option<LeaseJournal>,
+    /// Spreads the waiters' polling (see [`Leases::poll_interval`]).
+    jitter: Mutex<Jitter>,
     /// The heartbeat and notice tasks, stopped when the last handle on these leases goes.
     background: Mutex<Vec<tokio::task::AbortHandle>>,
 }
@@ -139,18 +157,23 @@ pub(crate) struct Lease {
 }
 
 impl<S: LeaseStore> Leases<S> {
+    /// The leases of a process on `store`; `jitter` draws its polling intervals (seeded at
+    /// random in production, from the run's seed in a simulation).
     pub(crate) fn new(
         store: S,
         bounds: CohortBounds,
         lease: Duration,
         journal: Option<LeaseJournal>,
+        jitter: Jitter,
     ) -> Arc<Self> {
         Arc::new(Leases {
             store,
             bounds,
             lease,
-            keys: Mutex::new(HashMap::new()),
+            keys: Mutex::new(KeyMap::default()),
+            closed: AtomicBool::new(false),
             journal,
+            jitter: Mutex::new(jitter),
             background: Mutex::new(Vec::new()),
         })
     }
@@ -161,7 +184,7 @@ impl<S: LeaseStore> Leases<S> {
         }
     }
 
-    fn keys(&self) -> MutexGuard<'_, HashMap<String, KeyLease>> {
+    fn keys(&self) -> MutexGuard<'_, KeyMap> {
         // Nothing panics while holding the lock (no user code runs under it); a poisoned map
         // is still consistent.
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
@@ -169,7 +192,7 @@ impl<S: LeaseStore> Leases<S> {
 
     /// Registers a local caller's interest in `name` (invariant 2); the returned handle
     /// withdraws it when dropped.
-    pub(crate) fn register(self: &Arc<Self>, name: &str) -> Interest<S> {
+    pub(crate) fn register(self: &Arc<Self>, name: &str) -> Interest {
         let mut keys = self.keys();
         let entry = keys.entry(name.to_owned()).or_insert_with(|| KeyLease {
             interest: 0,
@@ -178,7 +201,7 @@ impl<S: LeaseStore> Leases<S> {
         });
         entry.interest += 1;
         Interest {
-            leases: Arc::clone(self),
+            leases: Arc::clone(self) as Arc<dyn LocalUsers>,
             name: name.to_owned(),
             released: Arc::clone(&entry.released),
         }
@@ -262,12 +285,17 @@ impl<S: LeaseStore> Leases<S> {
     }
 
     /// Records a lease just taken, not yet in use. If nobody in the process wants the key any
-    /// more (the caller went away mid-statement), the lease is released at once. A lease
-    /// older than the one held is a late reply to a caller that went away, and is ignored:
-    /// the row already carries the newer fence.
+    /// more (the caller went away mid-statement), or the leases were released for shutdown
+    /// while the statement ran, the lease is released at once. A lease older than the one
+    /// held is a late reply to a caller that went away, and is ignored: the row already
+    /// carries the newer fence.
     fn record_acquired(self: &Arc<Self>, name: &str, fence: Fence, started: Instant) {
         let mut keys = self.keys();
-        let Some(entry) = keys.get_mut(name).filter(|entry| entry.interest > 0) else {
+        let closed = self.closed.load(Ordering::Relaxed);
+        let Some(entry) = keys
+            .get_mut(name)
+            .filter(|entry| entry.interest > 0 && !closed)
+        else {
             drop(keys);
             self.spawn_release(name.to_owned(), fence);
             return;
@@ -292,37 +320,6 @@ impl<S: LeaseStore> Leases<S> {
             acquired_at: started,
             validity,
         });
-    }
-
-    /// The guard holding `fence` on `name` let it go; the lease stays for the next local
-    /// holder, or goes back when the guard's interest is withdrawn (invariant 2).
-    pub(crate) fn put_back(&self, name: &str, fence: Fence) {
-        if let Some(held) = self
-            .keys()
-            .get_mut(name)
-            .and_then(|entry| entry.held.as_mut())
-            .filter(|held| held.fence == fence)
-        {
-            held.in_use = false;
-        }
-    }
-
-    fn withdraw(self: &Arc<Self>, name: &str) {
-        let mut keys = self.keys();
-        let Some(entry) = keys.get_mut(name) else {
-            debug_assert!(false, "invariant 1: interest in a key without an entry");
-            return;
-        };
-        entry.interest -= 1;
-        if entry.interest > 0 {
-            return;
-        }
-        let held = entry.held.take();
-        keys.remove(name);
-        drop(keys);
-        if let Some(held) = held {
-            self.spawn_release(name.to_owned(), held.fence);
-        }
     }
 
     /// Releases `fence` on `name` in a task of its own, so that no caller's cancellation can
@@ -362,7 +359,12 @@ impl<S: LeaseStore> Leases<S> {
     /// not retry in step.
     pub(crate) fn poll_interval(&self) -> Duration {
         let half = self.lease / 2;
-        let fraction = (random_u64() % 1_000) as u32;
+        let draw = self
+            .jitter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .next_u64();
+        let fraction = (draw % 1_000) as u32;
         half + half * fraction / 1_000
     }
 
@@ -413,12 +415,7 @@ impl<S: LeaseStore> Leases<S> {
         }
     }
 
-    fn held_mut<'a>(
-        &self,
-        keys: &'a mut HashMap<String, KeyLease>,
-        name: &str,
-        fence: Fence,
-    ) -> Option<&'a mut Held> {
+    fn held_mut<'a>(&self, keys: &'a mut KeyMap, name: &str, fence: Fence) -> Option<&'a mut Held> {
         keys.get_mut(name)?
             .held
             .as_mut()
@@ -467,11 +464,15 @@ impl<S: LeaseStore> Leases<S> {
 
     /// Releases every lease of this process (shutdown) and tells their guards they are lost.
     pub(crate) async fn release_everything(&self) {
-        let held: Vec<(String, Held)> = self
-            .keys()
-            .iter_mut()
-            .filter_map(|(name, entry)| Some((name.clone(), entry.held.take()?)))
-            .collect();
+        let held: Vec<(String, Held)> = {
+            let mut keys = self.keys();
+            // Before the statement: a lease whose acquisition lands after it is not recorded
+            // but given back (invariant 5).
+            self.closed.store(true, Ordering::Relaxed);
+            keys.iter_mut()
+                .filter_map(|(name, entry)| Some((name.clone(), entry.held.take()?)))
+                .collect()
+        };
         if let Err(error) = self.store.release_all().await {
             tracing::warn!(
                 target: "keyed_locks::cluster",
@@ -493,31 +494,74 @@ impl<S: LeaseStore> Leases<S> {
     }
 }
 
+/// What a local caller's [`Interest`] and its guard need of the leases, whatever their store:
+/// so that the guard does not name the store.
+pub(crate) trait LocalUsers: Send + Sync {
+    /// The guard holding `fence` on `name` let it go; the lease stays for the next local
+    /// holder, or goes back when the guard's interest is withdrawn (invariant 2).
+    fn put_back(&self, name: &str, fence: Fence);
+
+    /// A local caller of `name` is done (its guard or its `lock` future dropped).
+    fn withdraw(self: Arc<Self>, name: &str);
+}
+
+impl<S: LeaseStore> LocalUsers for Leases<S> {
+    fn put_back(&self, name: &str, fence: Fence) {
+        if let Some(held) = self
+            .keys()
+            .get_mut(name)
+            .and_then(|entry| entry.held.as_mut())
+            .filter(|held| held.fence == fence)
+        {
+            held.in_use = false;
+        }
+    }
+
+    fn withdraw(self: Arc<Self>, name: &str) {
+        let mut keys = self.keys();
+        let Some(entry) = keys.get_mut(name) else {
+            debug_assert!(false, "invariant 1: interest in a key without an entry");
+            return;
+        };
+        entry.interest -= 1;
+        if entry.interest > 0 {
+            return;
+        }
+        let held = entry.held.take();
+        keys.remove(name);
+        drop(keys);
+        if let Some(held) = held {
+            self.spawn_release(name.to_owned(), held.fence);
+        }
+    }
+}
+
 /// A local caller's interest in a key (invariant 2), withdrawn on drop.
-pub(crate) struct Interest<S: LeaseStore> {
-    leases: Arc<Leases<S>>,
+pub(crate) struct Interest {
+    leases: Arc<dyn LocalUsers>,
     name: String,
     released: Arc<Notify>,
 }
 
-impl<S: LeaseStore> Interest<S> {
+impl Interest {
     pub(crate) fn name(&self) -> &str {
         &self.name
-    }
-
-    pub(crate) fn leases(&self) -> &Arc<Leases<S>> {
-        &self.leases
     }
 
     /// Woken when the key's lease is announced released.
     pub(crate) fn released(&self) -> &Notify {
         &self.released
     }
+
+    /// The guard holding `fence` let it go (see [`LocalUsers::put_back`]).
+    pub(crate) fn put_back(&self, fence: Fence) {
+        self.leases.put_back(&self.name, fence);
+    }
 }
 
-impl<S: LeaseStore> Drop for Interest<S> {
+impl Drop for Interest {
     fn drop(&mut self) {
-        self.leases.withdraw(&self.name);
+        Arc::clone(&self.leases).withdraw(&self.name);
     }
 }
 
@@ -558,3 +602,6 @@ pub(crate) fn spawn_background<S: LeaseStore>(
         .unwrap_or_else(PoisonError::into_inner)
         .extend([renewals.abort_handle(), dispatch.abort_handle()]);
 }
+
+#[cfg(test)]
+mod tests;

@@ -45,6 +45,8 @@ struct Table {
     /// Owners handed out so far, to number the next one: owners are never reused, so a
     /// store made after another dropped cannot release the old one's leases.
     owners_made: u64,
+    /// A bug planted on purpose, for the simulator's proof that it finds one.
+    renew_ignores_fence: bool,
 }
 
 /// One key's lease, as the PostgreSQL table's row: `owner` is `None` once released.
@@ -56,11 +58,11 @@ pub(crate) struct Row {
 }
 
 impl Row {
-    fn is_held_at(&self, now: Instant) -> bool {
+    pub(crate) fn is_held_at(&self, now: Instant) -> bool {
         self.owner.is_some() && self.expires_at > now
     }
 
-    fn is_owned_by(&self, owner: &str) -> bool {
+    pub(crate) fn is_owned_by(&self, owner: &str) -> bool {
         self.owner.as_deref() == Some(owner)
     }
 }
@@ -91,6 +93,18 @@ impl MemoryLeaseTable {
     /// `key`'s row, if it was ever acquired.
     pub(crate) fn row(&self, key: &str) -> Option<Row> {
         lock(&self.shared).rows.get(key).cloned()
+    }
+
+    /// Every row, by key.
+    pub(crate) fn rows(&self) -> BTreeMap<String, Row> {
+        lock(&self.shared).rows.clone()
+    }
+
+    /// Plants a bug: from now on a renewal matches the owner but not the fence, so an owner
+    /// renews a lease it took again under a newer fence by naming the older one. Only the
+    /// simulator's planted-bug tests call this.
+    pub(crate) fn plant_renew_ignoring_fence(&self) {
+        lock(&self.shared).renew_ignores_fence = true;
     }
 }
 
@@ -173,9 +187,12 @@ impl LeaseStore for MemoryLeaseStore {
         check_key(key)?;
         let now = Instant::now();
         let mut table = self.table();
+        let ignore_fence = table.renew_ignores_fence;
         match table.rows.get_mut(key) {
             Some(row)
-                if row.is_held_at(now) && row.fence == fence && row.is_owned_by(&self.owner) =>
+                if row.is_held_at(now)
+                    && (row.fence == fence || ignore_fence)
+                    && row.is_owned_by(&self.owner) =>
             {
                 row.expires_at = now + self.lease;
                 Ok(true)

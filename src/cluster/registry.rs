@@ -2,16 +2,14 @@
 //! that share one PostgreSQL database.
 
 use std::fmt;
-use std::pin::pin;
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
 use super::config::PgLeaseConfig;
+use super::entropy::Jitter;
 use super::error::ClusterError;
 use super::guard::ClusterGuard;
-use super::leases::{self, CohortBounds, HANDOFF_BITS, Interest, Lease, Leases, Next};
+use super::leases::{self, CohortBounds, HANDOFF_BITS, Leases};
+use super::locks::ClusterLocks;
 use super::postgres::PgLeaseStore;
 use crate::LockKey;
 use crate::error::LockError;
@@ -43,31 +41,22 @@ const DEFAULT_MAX_USES: u32 = 16;
 /// own, as they do when the process dies. Call [`shutdown`](Self::shutdown) to give them back
 /// at once.
 pub struct ClusterRegistry<K: LockKey + fmt::Display> {
-    local: LockRegistry<K>,
-    leases: Arc<Leases<PgLeaseStore>>,
-    shared: Arc<Shared>,
-}
-
-struct Shared {
-    /// Woken by [`ClusterRegistry::shutdown`], for callers waiting for a lease.
-    closing: Notify,
+    locks: ClusterLocks<K, PgLeaseStore>,
 }
 
 impl<K: LockKey + fmt::Display> Clone for ClusterRegistry<K> {
     fn clone(&self) -> Self {
         ClusterRegistry {
-            local: self.local.clone(),
-            leases: Arc::clone(&self.leases),
-            shared: Arc::clone(&self.shared),
+            locks: self.locks.clone(),
         }
     }
 }
 
 impl<K: LockKey + fmt::Display> fmt::Debug for ClusterRegistry<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (keys, leases) = self.leases.counts();
+        let (keys, leases) = self.locks.leases.counts();
         f.debug_struct("ClusterRegistry")
-            .field("local", &self.local)
+            .field("local", &self.locks.local)
             .field("keys", &keys)
             .field("leases", &leases)
             .finish()
@@ -138,64 +127,7 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
     /// # }
     /// ```
     pub async fn lock(&self, key: K) -> Result<ClusterGuard<K>, LockError> {
-        let interest = self.leases.register(&key.to_string());
-        let local = self.local.lock(key).await?;
-        let lease = self.lease_for(&interest).await?;
-        Ok(ClusterGuard::new(local, lease, interest))
-    }
-
-    /// Holds the lease for the local holder of `interest`'s key.
-    async fn lease_for(&self, interest: &Interest<PgLeaseStore>) -> Result<Lease, LockError> {
-        let leases = interest.leases();
-        let mut retry_delay = Duration::from_millis(10);
-        loop {
-            // Listening before asking: a release announced in between is not slept through.
-            let mut released = pin!(interest.released().notified());
-            released.as_mut().enable();
-            let mut closing = pin!(self.shared.closing.notified());
-            closing.as_mut().enable();
-            if self.local.is_closed() {
-                return Err(LockError::Closed);
-            }
-            match leases.next_for_holder(interest.name()) {
-                Next::Use(lease) => return Ok(lease),
-                Next::Acquire {
-                    after_release: None,
-                } => {}
-                Next::Acquire {
-                    after_release: Some(release),
-                } => {
-                    // The process gave the lease back at its bound. Waiting twice the release's
-                    // round trip before asking again lets a process that heard the release
-                    // notice get its acquire in first.
-                    let round_trip = release.await.unwrap_or(Duration::ZERO);
-                    tokio::time::sleep((2 * round_trip).max(Duration::from_millis(1))).await;
-                }
-            }
-            match leases.acquire(interest.name()).await {
-                Ok(Some(lease)) => return Ok(lease),
-                Ok(None) => {
-                    tokio::select! {
-                        () = released => {}
-                        () = closing => return Err(LockError::Closed),
-                        () = tokio::time::sleep(leases.poll_interval()) => {}
-                    }
-                }
-                Err(failed) => {
-                    tracing::warn!(
-                        target: "keyed_locks::cluster",
-                        key = %interest.name(),
-                        error = %failed.0,
-                        "could not ask for a lease; trying again in {retry_delay:?}"
-                    );
-                    tokio::select! {
-                        () = closing => return Err(LockError::Closed),
-                        () = tokio::time::sleep(retry_delay) => {}
-                    }
-                    retry_delay = (retry_delay * 2).min(leases.lease() / 2);
-                }
-            }
-        }
+        self.locks.lock(key).await
     }
 
     /// The local registry's counts: keys with a local holder or waiter.
@@ -221,7 +153,7 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
     /// # }
     /// ```
     pub async fn stats(&self) -> Result<RegistryStats, LockError> {
-        self.local.stats().await
+        self.locks.local.stats().await
     }
 
     /// The local registry's journal (built with `.local(|local| local.journal(capacity))`):
@@ -255,12 +187,12 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
     pub async fn journal(
         &self,
     ) -> Result<crate::pure::journal::Journal<K>, crate::error::JournalError> {
-        self.local.journal().await
+        self.locks.local.journal().await
     }
 
     /// How many leases this process holds now.
     pub fn leases_held(&self) -> usize {
-        self.leases.counts().1
+        self.locks.leases.counts().1
     }
 
     /// Stops the local registry (every local waiter gets [`LockError::Closed`]), releases
@@ -285,9 +217,7 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
     /// # }
     /// ```
     pub async fn shutdown(&self) {
-        self.local.shutdown().await;
-        self.shared.closing.notify_waiters();
-        self.leases.release_everything().await;
+        self.locks.shutdown().await;
     }
 }
 
@@ -409,14 +339,10 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
             let local = local.clone();
             Box::new(move |note: String| local.note(note)) as _
         });
-        let leases = Leases::new(store, bounds, self.config.lease, journal);
+        let leases = Leases::new(store, bounds, self.config.lease, journal, Jitter::random());
         leases::spawn_background(&leases, notices, self.config.heartbeat);
         Ok(ClusterRegistry {
-            local,
-            leases,
-            shared: Arc::new(Shared {
-                closing: Notify::new(),
-            }),
+            locks: ClusterLocks::new(local, leases),
         })
     }
 }
