@@ -9,15 +9,24 @@
 //! - `lease_store`: the interface the rest of the crate uses ([`LeaseStore`], [`Fence`],
 //!   [`LeaseNotice`]); it knows no SQL.
 //! - `postgres`: [`PgLeaseStore`], the table, its invariants and its statements.
-//!   `memory_store` (tests only): the same table in memory on tokio's clock, for simulations.
+//!   `memory_store` (tests only): the same table in memory on tokio's clock.
+//! - `sim` (tests only): the simulator, several processes over one in-memory table.
 //! - `link`: the statement connection, made again after a loss; `listener`: the LISTEN
 //!   connection, likewise; `notices`: the channel from the listener to the waiters.
 //! - `config`, `connection`, `backoff`, `entropy`, `error`: what they say.
 //!
 //! Without TLS for now: tokio-postgres' `NoTls` only.
+//!
+//! The crate's tests build this module without the `postgres` feature too, for the simulator
+//! and the in-memory store: then only what they use is compiled (no tokio-postgres, no
+//! public item), and what only PostgreSQL uses is left unused.
+#![cfg_attr(not(feature = "postgres"), allow(dead_code, unused_imports))]
 
+#[cfg(feature = "postgres")]
 mod backoff;
+#[cfg(feature = "postgres")]
 mod config;
+#[cfg(feature = "postgres")]
 mod connection;
 mod entropy;
 mod error;
@@ -25,17 +34,23 @@ mod guard;
 mod lease_note;
 mod lease_store;
 mod leases;
+#[cfg(feature = "postgres")]
 mod link;
+#[cfg(feature = "postgres")]
 mod listener;
 mod locks;
 #[cfg(test)]
 mod memory_store;
 mod notices;
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "postgres")]
 mod registry;
 #[cfg(test)]
 mod sim;
 
+#[cfg(feature = "postgres")]
 pub use error::ClusterError;
 pub use guard::ClusterGuard;
+#[cfg(feature = "postgres")]
 pub use registry::{ClusterBuilder, ClusterRegistry};

@@ -231,8 +231,8 @@
 mod pure;
 mod runtime;
 // Cluster mode (the `postgres` feature): the same locks across processes, with leases per key
-// in a PostgreSQL table.
-#[cfg(feature = "postgres")]
+// in a PostgreSQL table. The tests build its core without the feature, for the simulator.
+#[cfg(any(feature = "postgres", test))]
 mod cluster;
 
 // The blocking twins of the acquires, for threads outside the runtime.

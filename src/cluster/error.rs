@@ -11,6 +11,7 @@ use super::lease_store::MAX_KEY_BYTES;
 pub(crate) type BoxError = Box<dyn Error + Send + Sync + 'static>;
 
 /// Why a lease store could not be connected.
+#[cfg(feature = "postgres")]
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ClusterError {
@@ -82,6 +83,7 @@ pub enum ClusterError {
     },
 }
 
+#[cfg(feature = "postgres")]
 impl fmt::Display for ClusterError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -128,6 +130,7 @@ impl fmt::Display for ClusterError {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl Error for ClusterError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match self {
@@ -163,8 +166,10 @@ pub(crate) enum LeaseError {
         retry_in: Duration,
     },
     /// The statement connection was down and reconnecting failed. Nothing was sent.
+    #[cfg(feature = "postgres")]
     Reconnect(ClusterError),
     /// The connection was lost during the statement; the next call reconnects.
+    #[cfg(feature = "postgres")]
     ConnectionLost(tokio_postgres::Error),
     /// No reply within the statement timeout (the heartbeat); the connection was dropped and
     /// the next call reconnects.
@@ -173,6 +178,7 @@ pub(crate) enum LeaseError {
         after: Duration,
     },
     /// The server refused or failed the statement; the connection is fine.
+    #[cfg(feature = "postgres")]
     Statement(tokio_postgres::Error),
     /// The table returned a fence below 1, which no statement of ours writes.
     BadFence(i64),
@@ -191,13 +197,16 @@ impl fmt::Display for LeaseError {
                 f,
                 "the lease store is disconnected; it reconnects on a call in {retry_in:?}"
             ),
+            #[cfg(feature = "postgres")]
             LeaseError::Reconnect(_) => f.write_str("the lease store could not reconnect"),
+            #[cfg(feature = "postgres")]
             LeaseError::ConnectionLost(_) => {
                 f.write_str("the lease store's connection was lost during the statement")
             }
             LeaseError::Timeout { after } => {
                 write!(f, "the lease statement got no reply within {after:?}")
             }
+            #[cfg(feature = "postgres")]
             LeaseError::Statement(_) => f.write_str("the lease statement failed"),
             LeaseError::BadFence(fence) => {
                 write!(f, "the lease table holds fence {fence}, below 1")
@@ -209,7 +218,9 @@ impl fmt::Display for LeaseError {
 impl Error for LeaseError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match self {
+            #[cfg(feature = "postgres")]
             LeaseError::Reconnect(source) => Some(source),
+            #[cfg(feature = "postgres")]
             LeaseError::ConnectionLost(source) | LeaseError::Statement(source) => Some(source),
             LeaseError::KeyTooLong { .. }
             | LeaseError::Reconnecting { .. }
