@@ -16,8 +16,9 @@
 //! # Invariants
 //!
 //! Under the one mutex of [`Leases`]:
-//! 1. A key has an entry exactly while its `interest` is above zero or it holds a lease: no
-//!    entry outlives both, so the map does not grow with the keys ever used.
+//! 1. A key has an entry exactly while its `interest` is above zero, it holds a lease, or an
+//!    acquisition statement for it is in flight (`in_flight`): no entry outlives all three, so
+//!    the map does not grow with the keys ever used.
 //! 2. `interest` counts the local callers between the start of a `lock` and the drop of its
 //!    guard (or of the `lock` future). When it drops to zero, a lease still held is released.
 //! 3. A held lease is in use by at most one guard, because the local registry grants the key
@@ -29,6 +30,17 @@
 //!    shutdown's release may already have given back. (Found by the simulator: a `lock` whose
 //!    statement was in flight during `shutdown` got a guard that believed its lease live
 //!    while another process held the key.)
+//! 6. A key's entry records only fences above every fence it recorded before
+//!    (`highest_fence`): an acquisition's reply that comes back after a newer acquisition of
+//!    ours was recorded is stale (the row carries the newer fence) and is ignored. Invariant 1
+//!    keeps the entry, and so `highest_fence`, alive while such a reply can still come.
+//!    (Found by the simulator: a reply delayed past its caller's timeout was recorded after a
+//!    newer lease of the key had been granted and released, and its older fence was handed to
+//!    the next holder.)
+//! 7. A guard learns that its lease is lost before any statement that gives the lease back
+//!    is sent: a release's reply can come late, and the key may be another process's by then.
+//!    (Found by the simulator: at shutdown, guards were told only once the release statement
+//!    returned, and believed their leases live while another process held one.)
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,10 +114,21 @@ impl<S> Drop for Leases<S> {
 struct KeyLease {
     /// Local callers wanting or holding the key (invariant 2).
     interest: usize,
+    /// Acquisition statements sent and not yet answered (invariant 1).
+    in_flight: usize,
+    /// The highest fence recorded for the key while this entry lived (invariant 6).
+    highest_fence: Fence,
     /// The lease the process holds, if any.
     held: Option<Held>,
     /// Woken when the key's lease is announced released, or notices were missed.
     released: Arc<Notify>,
+}
+
+impl KeyLease {
+    /// Nothing keeps the entry (invariant 1).
+    fn is_unused(&self) -> bool {
+        self.interest == 0 && self.in_flight == 0 && self.held.is_none()
+    }
 }
 
 struct Held {
@@ -196,6 +219,8 @@ impl<S: LeaseStore> Leases<S> {
         let mut keys = self.keys();
         let entry = keys.entry(name.to_owned()).or_insert_with(|| KeyLease {
             interest: 0,
+            in_flight: 0,
+            highest_fence: 0,
             held: None,
             released: Arc::new(Notify::new()),
         });
@@ -223,7 +248,7 @@ impl<S: LeaseStore> Leases<S> {
         };
         if held.in_use {
             // Invariant 3 says the local holder (this caller) is the only user; a lease in use
-            // here was taken over by a newer one of ours, which `record_acquired` marks lost.
+            // here was taken over by a newer one of ours, which `record_answer` marks lost.
             debug_assert!(false, "invariant 3: two local holders of one lease");
             return Next::Acquire {
                 after_release: None,
@@ -259,14 +284,20 @@ impl<S: LeaseStore> Leases<S> {
         let leases = Arc::clone(self);
         let owned_name = name.to_owned();
         self.record(name, LeaseEvent::Requested);
+        if let Some(entry) = self.keys().get_mut(name) {
+            entry.in_flight += 1;
+        } else {
+            debug_assert!(
+                false,
+                "invariant 1: the local holder's key without an entry"
+            );
+        }
         let attempt = tokio::spawn(async move {
             let started = Instant::now();
-            match leases.store.acquire(&owned_name).await {
-                Ok(Some(fence)) => {
-                    leases.record_acquired(&owned_name, fence, started);
-                    Ok(Some(fence))
-                }
-                Ok(None) => Ok(None),
+            let taken = leases.store.acquire(&owned_name).await;
+            leases.record_answer(&owned_name, taken.as_ref().ok().copied().flatten(), started);
+            match taken {
+                Ok(taken) => Ok(taken),
                 Err(error) => Err(AcquireFailed(error.to_string())),
             }
         });
@@ -284,42 +315,59 @@ impl<S: LeaseStore> Leases<S> {
         }
     }
 
-    /// Records a lease just taken, not yet in use. If nobody in the process wants the key any
-    /// more (the caller went away mid-statement), or the leases were released for shutdown
-    /// while the statement ran, the lease is released at once. A lease older than the one
-    /// held is a late reply to a caller that went away, and is ignored: the row already
-    /// carries the newer fence.
-    fn record_acquired(self: &Arc<Self>, name: &str, fence: Fence, started: Instant) {
+    /// Records the answer to an acquisition statement: `taken` is the fence if it took the
+    /// lease. A lease just taken is recorded, not yet in use, unless it is stale (invariant 6),
+    /// or nobody in the process wants the key any more (the caller went away mid-statement), or
+    /// the leases were released for shutdown while the statement ran (invariant 5): then it is
+    /// released at once.
+    fn record_answer(self: &Arc<Self>, name: &str, taken: Option<Fence>, started: Instant) {
         let mut keys = self.keys();
         let closed = self.closed.load(Ordering::Relaxed);
-        let Some(entry) = keys
-            .get_mut(name)
-            .filter(|entry| entry.interest > 0 && !closed)
-        else {
+        let Some(entry) = keys.get_mut(name) else {
+            debug_assert!(false, "invariant 1: an answer for a key without an entry");
             drop(keys);
-            self.spawn_release(name.to_owned(), fence);
+            if let Some(fence) = taken {
+                self.spawn_release(name.to_owned(), fence);
+            }
             return;
         };
-        if let Some(held) = &entry.held {
-            if held.fence >= fence {
-                return;
+        entry.in_flight -= 1;
+        let mut release = None;
+        match taken {
+            Some(fence) if fence <= entry.highest_fence => {}
+            Some(fence) if entry.interest == 0 || closed => {
+                entry.highest_fence = fence;
+                release = Some(fence);
             }
-            // Our own later statement took the row over: the older lease is gone.
-            held.validity.send_modify(|validity| validity.lost = true);
-            self.record(name, LeaseEvent::Lost(held.fence));
+            Some(fence) => {
+                entry.highest_fence = fence;
+                if let Some(held) = &entry.held {
+                    // Our own later statement took the row over: the older lease is gone.
+                    held.validity.send_modify(|validity| validity.lost = true);
+                    self.record(name, LeaseEvent::Lost(held.fence));
+                }
+                self.record(name, LeaseEvent::Granted(fence));
+                let (validity, _) = watch::channel(Validity {
+                    lost: false,
+                    until: started + self.lease,
+                });
+                entry.held = Some(Held {
+                    fence,
+                    uses: 0,
+                    in_use: false,
+                    acquired_at: started,
+                    validity,
+                });
+            }
+            None => {}
         }
-        self.record(name, LeaseEvent::Granted(fence));
-        let (validity, _) = watch::channel(Validity {
-            lost: false,
-            until: started + self.lease,
-        });
-        entry.held = Some(Held {
-            fence,
-            uses: 0,
-            in_use: false,
-            acquired_at: started,
-            validity,
-        });
+        if entry.is_unused() {
+            keys.remove(name);
+        }
+        drop(keys);
+        if let Some(fence) = release {
+            self.spawn_release(name.to_owned(), fence);
+        }
     }
 
     /// Releases `fence` on `name` in a task of its own, so that no caller's cancellation can
@@ -434,7 +482,7 @@ impl<S: LeaseStore> Leases<S> {
         };
         let token = fencing_token(fence, held.uses.saturating_sub(1));
         held.validity.send_modify(|validity| validity.lost = true);
-        if entry.interest == 0 {
+        if entry.is_unused() {
             keys.remove(name);
         }
         drop(keys);
@@ -464,25 +512,29 @@ impl<S: LeaseStore> Leases<S> {
 
     /// Releases every lease of this process (shutdown) and tells their guards they are lost.
     pub(crate) async fn release_everything(&self) {
-        let held: Vec<(String, Held)> = {
+        let held: Vec<(String, Fence)> = {
             let mut keys = self.keys();
             // Before the statement: a lease whose acquisition lands after it is not recorded
-            // but given back (invariant 5).
+            // but given back (invariant 5), and every guard learns its lease is lost before
+            // the table can give the key to another process (invariant 7).
             self.closed.store(true, Ordering::Relaxed);
             keys.iter_mut()
-                .filter_map(|(name, entry)| Some((name.clone(), entry.held.take()?)))
+                .filter_map(|(name, entry)| {
+                    let held = entry.held.take()?;
+                    held.validity.send_modify(|validity| validity.lost = true);
+                    Some((name.clone(), held.fence))
+                })
                 .collect()
         };
+        for (name, fence) in &held {
+            self.record(name, LeaseEvent::Released(*fence));
+        }
         if let Err(error) = self.store.release_all().await {
             tracing::warn!(
                 target: "keyed_locks::cluster",
                 %error,
                 "could not release the leases at shutdown; they will run out on their own"
             );
-        }
-        for (name, held) in held {
-            held.validity.send_modify(|validity| validity.lost = true);
-            self.record(&name, LeaseEvent::Released(held.fence));
         }
     }
 
@@ -528,7 +580,9 @@ impl<S: LeaseStore> LocalUsers for Leases<S> {
             return;
         }
         let held = entry.held.take();
-        keys.remove(name);
+        if entry.is_unused() {
+            keys.remove(name);
+        }
         drop(keys);
         if let Some(held) = held {
             self.spawn_release(name.to_owned(), held.fence);
