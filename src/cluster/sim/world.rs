@@ -76,6 +76,13 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
         planted != Some(PlantedBug::NoFenceCheck),
         plan.max_uses,
     ));
+    // The planned windows count as faults once each; the rest are counted as they happen.
+    let planned: usize = plan
+        .processes
+        .iter()
+        .map(|process| process.pauses.len() + process.outages.len())
+        .sum();
+    checker.count_faults(planned as u64);
     let table = MemoryLeaseTable::new();
     if planted == Some(PlantedBug::RenewIgnoresFence) {
         table.plant_renew_ignoring_fence();
