@@ -23,6 +23,10 @@
 //! done key=account:42 wrote=100 fenced=0
 //! ```
 //!
+//! If the server goes away mid-increment (a restart), the increment is given up, not repeated
+//! (whether its write landed is unknown), with `failed key=K token=T error=...`, and the demo's
+//! connection is made again; the registry reconnects on its own.
+//!
 //! The database URL defaults to the `DATABASE_URL` environment variable, else
 //! `postgres://postgres@127.0.0.1:5432/test`. The tables are `{prefix}leases` (the registry's)
 //! and `{prefix}counters` (the demo's), both created if missing; `--prefix` defaults to
@@ -82,6 +86,94 @@ fn options() -> Result<Options, String> {
     })
 }
 
+/// The demo's counters table, on a connection of its own, made again after the server went away.
+struct Counters {
+    database_url: String,
+    table: String,
+    client: tokio::sync::Mutex<tokio_postgres::Client>,
+}
+
+impl Counters {
+    async fn connect(options: &Options) -> Result<Counters, Error> {
+        let client = open(&options.database_url).await?;
+        let table = format!("\"{}counters\"", options.prefix);
+        let created = client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {table} \
+                 (key text PRIMARY KEY, value bigint NOT NULL, fence bigint NOT NULL)"
+            ))
+            .await;
+        match created {
+            Ok(()) => {}
+            // Another process created it at the same moment: `IF NOT EXISTS` does not guard
+            // against a concurrent creator, which fails on the catalog's unique index or on its
+            // type's name instead.
+            Err(error)
+                if error.code() == Some(&SqlState::UNIQUE_VIOLATION)
+                    || error.code() == Some(&SqlState::DUPLICATE_TABLE)
+                    || error.code() == Some(&SqlState::DUPLICATE_OBJECT) => {}
+            Err(error) => return Err(error.into()),
+        }
+        client
+            .execute(
+                &format!("INSERT INTO {table} (key, value, fence) VALUES ($1, 0, 0) ON CONFLICT DO NOTHING"),
+                &[&options.key],
+            )
+            .await?;
+        Ok(Counters {
+            database_url: options.database_url.clone(),
+            table,
+            client: tokio::sync::Mutex::new(client),
+        })
+    }
+
+    async fn read(&self, key: &str) -> Result<i64, Error> {
+        let statement = format!("SELECT value FROM {} WHERE key = $1", self.table);
+        let row = self
+            .client
+            .lock()
+            .await
+            .query_one(&statement, &[&key])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// Writes `value` under `token` if no higher token wrote before: the fencing check.
+    async fn write(&self, key: &str, value: i64, token: u64) -> Result<bool, Error> {
+        let statement = format!(
+            "UPDATE {} SET value = $2, fence = $3 WHERE key = $1 AND fence < $3",
+            self.table
+        );
+        let fence = i64::try_from(token)?;
+        let written = self
+            .client
+            .lock()
+            .await
+            .execute(&statement, &[&key, &value, &fence])
+            .await?;
+        Ok(written == 1)
+    }
+
+    /// Connects again, trying every 200 ms until the server answers.
+    async fn reconnect(&self) {
+        loop {
+            match open(&self.database_url).await {
+                Ok(client) => {
+                    *self.client.lock().await = client;
+                    return;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+}
+
+async fn open(database_url: &str) -> Result<tokio_postgres::Client, Error> {
+    let (client, connection) = tokio_postgres::connect(database_url, NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
 /// Prints one line and flushes it, so that a reader of a pipe sees each event as it happens.
 fn say(line: std::fmt::Arguments<'_>) {
     let mut out = std::io::stdout().lock();
@@ -105,64 +197,38 @@ async fn main() -> Result<(), Error> {
         .await?;
 
     // The demo's own data, on a connection of its own. The prefix was checked by `connect`.
-    let (client, connection) = tokio_postgres::connect(&options.database_url, NoTls).await?;
-    tokio::spawn(connection);
-    let counters = format!("\"{}counters\"", options.prefix);
-    let created = client
-        .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {counters} \
-             (key text PRIMARY KEY, value bigint NOT NULL, fence bigint NOT NULL)"
-        ))
-        .await;
-    match created {
-        Ok(()) => {}
-        // Another process created it at the same moment: `IF NOT EXISTS` does not guard
-        // against a concurrent creator, which fails on the catalog's unique index or on its
-        // type's name instead.
-        Err(error)
-            if error.code() == Some(&SqlState::UNIQUE_VIOLATION)
-                || error.code() == Some(&SqlState::DUPLICATE_TABLE)
-                || error.code() == Some(&SqlState::DUPLICATE_OBJECT) => {}
-        Err(error) => return Err(error.into()),
-    }
-    client
-        .execute(
-            &format!("INSERT INTO {counters} (key, value, fence) VALUES ($1, 0, 0) ON CONFLICT DO NOTHING"),
-            &[&options.key],
-        )
-        .await?;
-    let read = client
-        .prepare(&format!("SELECT value FROM {counters} WHERE key = $1"))
-        .await?;
-    let write = client
-        .prepare(&format!(
-            "UPDATE {counters} SET value = $2, fence = $3 WHERE key = $1 AND fence < $3"
-        ))
-        .await?;
-
+    let counters = Counters::connect(&options).await?;
     let key = &options.key;
     let (mut wrote, mut fenced) = (0u64, 0u64);
     for _ in 0..options.increments {
         let guard = registry.lock(key.clone()).await?;
         let token = guard.fencing_token();
         say(format_args!("granted key={key} token={token}"));
-        let value: i64 = client.query_one(&read, &[key]).await?.get(0);
-        tokio::time::sleep(options.hold).await;
-        if guard.is_lost() {
-            // Still write: this process plays the stale holder the fence must stop.
-            say(format_args!("lost key={key} token={token}"));
-        }
-        let fence = i64::try_from(token)?;
-        let written = client.execute(&write, &[key, &(value + 1), &fence]).await?;
-        if written == 1 {
-            wrote += 1;
-            say(format_args!(
-                "wrote key={key} token={token} value={}",
-                value + 1
-            ));
-        } else {
-            fenced += 1;
-            say(format_args!("fenced key={key} token={token}"));
+        let increment = async {
+            let value = counters.read(key).await?;
+            tokio::time::sleep(options.hold).await;
+            if guard.is_lost() {
+                // Still write: this process plays the stale holder the fence must stop.
+                say(format_args!("lost key={key} token={token}"));
+            }
+            let written = counters.write(key, value + 1, token).await?;
+            Ok::<_, Error>((written, value + 1))
+        };
+        match increment.await {
+            Ok((true, value)) => {
+                wrote += 1;
+                say(format_args!("wrote key={key} token={token} value={value}"));
+            }
+            Ok((false, _)) => {
+                fenced += 1;
+                say(format_args!("fenced key={key} token={token}"));
+            }
+            Err(error) => {
+                // The server went away (a restart, say): whether the write landed is unknown,
+                // so the increment is given up, not repeated, and the connection made again.
+                say(format_args!("failed key={key} token={token} error={error}"));
+                counters.reconnect().await;
+            }
         }
         drop(guard);
     }
