@@ -1,0 +1,331 @@
+//! Cluster mode against PostgreSQL's advisory locks, on the same server with the same processes
+//! and tasks: the comparison a team that already runs PostgreSQL would make.
+//!
+//! ```text
+//! cargo run --release --features postgres --example cluster_vs_advisory -- --workload hot
+//! cargo run --release --features postgres --example cluster_vs_advisory -- --workload keys
+//! ```
+//!
+//! It starts `--processes` child processes (default 3) of itself for each contender, each with
+//! `--tasks` tasks (default 8) that take and release `--locks` locks each (default 200), with
+//! nothing done while holding. `hot` locks one key; `keys` a key drawn at random from
+//! `--keys` (default 10,000). Cluster mode uses one `ClusterRegistry` per process (lease
+//! `--lease-ms`, default 2000); advisory locks one connection per task, each lock
+//! `SELECT pg_advisory_lock($1)` then `SELECT pg_advisory_unlock($1)`, as `pgbench` would run
+//! them. The processes connect first, then start together; each contender prints one line:
+//!
+//! ```text
+//! cluster  workload=hot processes=3 tasks=8 grants=4800 grants_per_s=5120 longest_wait_ms=31
+//! advisory workload=hot processes=3 tasks=8 grants=4800 grants_per_s=7010 longest_wait_ms=12
+//! ```
+//!
+//! `grants_per_s` is every process's grants over the slowest process's time, from the start
+//! signal to its last release. `--only cluster` or `--only advisory` runs one of them. The
+//! database URL defaults to `DATABASE_URL`, else `postgres://postgres@127.0.0.1:5432/test`;
+//! the lease table is `keyed_locks_compare_leases`.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use keyed_locks::ClusterRegistry;
+use tokio::time::Instant;
+use tokio_postgres::NoTls;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const USAGE: &str = "usage: cluster_vs_advisory [--workload hot|keys] [--processes P] \
+                     [--tasks T] [--locks N] [--keys K] [--lease-ms L] [--only cluster|advisory] \
+                     [--database-url URL]";
+
+#[derive(Debug, Clone)]
+struct Options {
+    workload: String,
+    processes: u64,
+    tasks: u64,
+    locks: u64,
+    keys: u64,
+    lease_ms: u64,
+    only: Option<String>,
+    database_url: String,
+    /// Set in a child: which contender it runs, and its number.
+    child: Option<(String, u64)>,
+}
+
+fn options() -> Result<Options, String> {
+    let mut options = Options {
+        workload: "hot".to_owned(),
+        processes: 3,
+        tasks: 8,
+        locks: 200,
+        keys: 10_000,
+        lease_ms: 2000,
+        only: None,
+        database_url: std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
+        child: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args
+            .next()
+            .ok_or(format!("{flag} needs a value\n{USAGE}"))?;
+        let number = || {
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("{flag} takes a number\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "--workload" if value == "hot" || value == "keys" => options.workload = value.clone(),
+            "--processes" => options.processes = number()?,
+            "--tasks" => options.tasks = number()?,
+            "--locks" => options.locks = number()?,
+            "--keys" => options.keys = number()?.max(1),
+            "--lease-ms" => options.lease_ms = number()?,
+            "--only" if value == "cluster" || value == "advisory" => {
+                options.only = Some(value.clone());
+            }
+            "--database-url" => options.database_url = value.clone(),
+            "--child" => {
+                let (contender, index) = value.split_once(':').ok_or("bad --child")?;
+                let index = index.parse().map_err(|_| "bad --child")?;
+                options.child = Some((contender.to_owned(), index));
+            }
+            _ => return Err(format!("unknown argument {flag:?} {value:?}\n{USAGE}")),
+        }
+    }
+    Ok(options)
+}
+
+fn main() -> Result<(), Error> {
+    let options = options()?;
+    match options.child.clone() {
+        Some((contender, index)) => child(&options, &contender, index),
+        None => {
+            for contender in ["cluster", "advisory"] {
+                if options.only.as_deref().is_none_or(|only| only == contender) {
+                    compare(&options, contender)?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// What one child reports.
+struct ChildResult {
+    grants: u64,
+    elapsed: Duration,
+    longest_wait: Duration,
+}
+
+/// Runs one contender in `processes` children started together, and prints its line.
+fn compare(options: &Options, contender: &str) -> Result<(), Error> {
+    let exe = std::env::current_exe()?;
+    let mut children: Vec<(Child, ChildStdin, BufReader<ChildStdout>)> = Vec::new();
+    for index in 0..options.processes {
+        let mut child = Command::new(&exe)
+            .args(["--workload", &options.workload])
+            .args(["--tasks", &options.tasks.to_string()])
+            .args(["--locks", &options.locks.to_string()])
+            .args(["--keys", &options.keys.to_string()])
+            .args(["--lease-ms", &options.lease_ms.to_string()])
+            .args(["--database-url", &options.database_url])
+            .args(["--child", &format!("{contender}:{index}")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let stdout = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        children.push((child, stdin, stdout));
+    }
+    for (_, _, stdout) in &mut children {
+        expect_line(stdout, "ready")?;
+    }
+    for (_, stdin, _) in &mut children {
+        writeln!(stdin, "go")?;
+        stdin.flush()?;
+    }
+    let mut results = Vec::new();
+    for (child, _, stdout) in &mut children {
+        let line = expect_line(stdout, "done")?;
+        let field = |name: &str| -> Result<u64, Error> {
+            line.split_whitespace()
+                .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|value| value.parse().ok())
+                .ok_or_else(|| format!("no {name} in {line:?}").into())
+        };
+        results.push(ChildResult {
+            grants: field("grants")?,
+            elapsed: Duration::from_micros(field("elapsed_us")?),
+            longest_wait: Duration::from_micros(field("longest_wait_us")?),
+        });
+        let status = child.wait()?;
+        if !status.success() {
+            return Err(format!("a {contender} process failed: {status}").into());
+        }
+    }
+    let grants: u64 = results.iter().map(|result| result.grants).sum();
+    let slowest = results
+        .iter()
+        .map(|result| result.elapsed)
+        .max()
+        .unwrap_or_default();
+    let longest_wait = results
+        .iter()
+        .map(|result| result.longest_wait)
+        .max()
+        .unwrap_or_default();
+    println!(
+        "{contender:<8} workload={} processes={} tasks={} grants={grants} grants_per_s={:.0} longest_wait_ms={}",
+        options.workload,
+        options.processes,
+        options.tasks,
+        grants as f64 / slowest.as_secs_f64().max(1e-9),
+        longest_wait.as_millis()
+    );
+    Ok(())
+}
+
+/// Reads lines until one starts with `word` (a child's other output passes through).
+fn expect_line(stdout: &mut BufReader<ChildStdout>, word: &str) -> Result<String, Error> {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if stdout.read_line(&mut line)? == 0 {
+            return Err(format!("a child ended before saying {word:?}").into());
+        }
+        if line.starts_with(word) {
+            return Ok(line.trim_end().to_owned());
+        }
+        print!("{line}");
+    }
+}
+
+/// A child: connects, says `ready`, waits for `go`, runs its tasks, says `done ...`.
+fn child(options: &Options, contender: &str, index: u64) -> Result<(), Error> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let mut registry = None;
+        let mut tasks = Vec::new();
+        for _ in 0..options.tasks {
+            let task = if contender == "cluster" {
+                if registry.is_none() {
+                    let connected = ClusterRegistry::<String>::builder(&options.database_url)
+                        .table_prefix("keyed_locks_compare_")
+                        .lease(Duration::from_millis(options.lease_ms))
+                        .connect()
+                        .await?;
+                    registry = Some(connected);
+                }
+                Task::Cluster(registry.clone().ok_or("connected above")?)
+            } else {
+                let (client, connection) =
+                    tokio_postgres::connect(&options.database_url, NoTls).await?;
+                tokio::spawn(connection);
+                let lock = client.prepare("SELECT pg_advisory_lock($1)").await?;
+                let unlock = client.prepare("SELECT pg_advisory_unlock($1)").await?;
+                Task::Advisory {
+                    client,
+                    lock,
+                    unlock,
+                }
+            };
+            tasks.push(task);
+        }
+        println!("ready");
+        std::io::stdout().flush()?;
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go)?;
+
+        let started = Instant::now();
+        let workers: Vec<_> = tasks
+            .into_iter()
+            .enumerate()
+            .map(|(number, task)| {
+                let options = options.clone();
+                let seed = (index << 32) | number as u64;
+                tokio::spawn(async move { task.run(&options, seed).await })
+            })
+            .collect();
+        let mut longest_wait = Duration::ZERO;
+        let mut grants = 0;
+        for worker in workers {
+            let (done, longest) = worker.await??;
+            grants += done;
+            longest_wait = longest_wait.max(longest);
+        }
+        let elapsed = started.elapsed();
+        if let Some(registry) = registry {
+            registry.shutdown().await;
+        }
+        println!(
+            "done grants={grants} elapsed_us={} longest_wait_us={}",
+            elapsed.as_micros(),
+            longest_wait.as_micros()
+        );
+        Ok::<_, Error>(())
+    })
+}
+
+/// One task's way of locking.
+enum Task {
+    Cluster(ClusterRegistry<String>),
+    /// A connection of its own, and its two statements, prepared.
+    Advisory {
+        client: tokio_postgres::Client,
+        lock: tokio_postgres::Statement,
+        unlock: tokio_postgres::Statement,
+    },
+}
+
+impl Task {
+    /// Takes and releases `options.locks` locks; returns how many and the longest wait.
+    async fn run(self, options: &Options, seed: u64) -> Result<(u64, Duration), Error> {
+        let mut keys = KeyDraw::new(seed);
+        let mut longest = Duration::ZERO;
+        for _ in 0..options.locks {
+            let key = if options.workload == "hot" {
+                0
+            } else {
+                keys.next() % options.keys
+            };
+            let asked = Instant::now();
+            match &self {
+                Task::Cluster(registry) => {
+                    let guard = registry.lock(format!("k{key}")).await?;
+                    longest = longest.max(asked.elapsed());
+                    drop(guard);
+                }
+                Task::Advisory {
+                    client,
+                    lock,
+                    unlock,
+                } => {
+                    // Advisory keys are `bigint`; ours fit.
+                    let key = i64::try_from(key)?;
+                    client.execute(lock, &[&key]).await?;
+                    longest = longest.max(asked.elapsed());
+                    client.execute(unlock, &[&key]).await?;
+                }
+            }
+        }
+        Ok((options.locks, longest))
+    }
+}
+
+/// Keys at random without a crate: xorshift64*, seeded per task.
+struct KeyDraw(u64);
+
+impl KeyDraw {
+    fn new(seed: u64) -> Self {
+        KeyDraw(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
