@@ -28,6 +28,10 @@ pub(crate) struct RegistrySettings {
     pub(crate) capacity: NonZeroU32,
     pub(crate) shards: NonZeroUsize,
     pub(crate) execution: Execution,
+    /// Seeds the shard router instead of drawing its seed at random, so that a simulated run
+    /// routes every key the same way each time (the cluster simulator).
+    #[cfg(test)]
+    pub(crate) router_seed: Option<u64>,
 }
 
 impl<K: LockKey> RegistryBuilder<K> {
@@ -39,6 +43,8 @@ impl<K: LockKey> RegistryBuilder<K> {
                 capacity: NonZeroU32::MIN,
                 shards: NonZeroUsize::MIN,
                 execution: Execution::default(),
+                #[cfg(test)]
+                router_seed: None,
             },
             key: PhantomData,
         }
@@ -217,6 +223,13 @@ impl<K: LockKey> RegistryBuilder<K> {
     pub fn warn_ungranted_pickup_after(mut self, threshold: Duration) -> Self {
         self.settings.stall_thresholds.ungranted_pickup_after =
             Some(threshold.max(MIN_STALL_THRESHOLD));
+        self
+    }
+
+    /// Routes keys to shards by a hash seeded with `seed` (see [`RegistrySettings`]).
+    #[cfg(test)]
+    pub(crate) fn router_seed(mut self, seed: u64) -> Self {
+        self.settings.router_seed = Some(seed);
         self
     }
 

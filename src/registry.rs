@@ -869,6 +869,12 @@ impl<K: LockKey> LockRegistry<K> {
 
     /// Starts a registry with `settings`: its shards, their actors and stall timers.
     pub(crate) fn start(settings: &RegistrySettings) -> Self {
+        #[cfg(test)]
+        let router = match settings.router_seed {
+            Some(seed) => ShardRouter::seeded(settings.shards, seed),
+            None => ShardRouter::new(settings.shards),
+        };
+        #[cfg(not(test))]
         let router = ShardRouter::new(settings.shards);
         let shards = (0..settings.shards.get())
             .map(|shard| {

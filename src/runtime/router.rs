@@ -35,6 +35,19 @@ impl ShardRouter {
         }
     }
 
+    /// A router whose hash is seeded by `seed`: the same keys go to the same shards in every
+    /// run (the cluster simulator's runs repeat exactly).
+    #[cfg(test)]
+    pub(crate) fn seeded(count: NonZeroUsize, seed: u64) -> Self {
+        ShardRouter {
+            count,
+            hasher: foldhash::quality::SeedableRandomState::with_seed(
+                seed,
+                foldhash::SharedSeed::global_fixed(),
+            ),
+        }
+    }
+
     /// The index of the shard that owns `key`. With one shard the key is not hashed here, so
     /// a key type whose `Hash` panics fails inside the step, where it closes the shard.
     pub(crate) fn shard_of<K: Hash>(&self, key: &K) -> usize {

@@ -2,7 +2,8 @@
 //! committed regression seeds pass, and each planted bug is found.
 //!
 //! - `SIM_SEEDS=N` runs seeds `0..N` instead of the default [`DEFAULT_SEEDS`];
-//! - `SIM_SEED=S` runs seed `S` alone, as the failure message's rerun command does.
+//! - `SIM_SEED=S` runs seed `S` alone, as the failure message's rerun command does;
+//!   `SIM_LOG=path` with it writes that run's event log to `path`, failed or not.
 //!
 //! A failing seed writes its event log to the system's temporary directory and names it.
 
@@ -89,8 +90,12 @@ fn every_seed_keeps_every_promise() {
     let mut faults = 0;
     let mut grants = 0;
     let mut longest_call = std::time::Duration::ZERO;
+    let log_to = std::env::var_os("SIM_LOG").filter(|_| seeds.end - seeds.start == 1);
     for seed in seeds {
         let report = run(seed, None);
+        if let Some(path) = &log_to {
+            std::fs::write(path, &report.log).expect("SIM_LOG names a writable file");
+        }
         simulated += report.simulated;
         faults += report.stats.faults;
         grants += report.stats.grants;
@@ -111,9 +116,11 @@ fn every_seed_keeps_every_promise() {
     assert!(failures.is_empty(), "{failures}");
 }
 
+/// The same seed gives the same log, byte for byte: twice in this process, and in another
+/// process, run from its start.
 #[test]
 fn one_seed_gives_one_log() {
-    for seed in [0, 1, 2, 3] {
+    for seed in 0..40 {
         let first = run(seed, None);
         let second = run(seed, None);
         assert!(
@@ -121,20 +128,47 @@ fn one_seed_gives_one_log() {
             "seed {seed} logged only {} lines",
             first.log.lines().count()
         );
-        assert!(
-            first.log == second.log,
-            "seed {seed} gave two different logs; the first difference is at line {}",
-            first
-                .log
-                .lines()
-                .zip(second.log.lines())
-                .position(|(a, b)| a != b)
-                .map_or("(one is a prefix of the other)".to_owned(), |line| (line
-                    + 1)
-                .to_string())
+        assert_same_log(
+            seed,
+            &first.log,
+            &second.log,
+            "a second run in this process",
         );
     }
     assert_ne!(run(0, None).log, run(1, None).log);
+
+    let test_binary = std::env::current_exe().expect("the test binary's path");
+    for seed in [0, 1, 209] {
+        let path =
+            std::env::temp_dir().join(format!("keyed-locks-sim-{seed}-{}.log", std::process::id()));
+        let status = std::process::Command::new(&test_binary)
+            .args([
+                "--exact",
+                "cluster::sim::tests::every_seed_keeps_every_promise",
+            ])
+            .env("SIM_SEED", seed.to_string())
+            .env("SIM_LOG", &path)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("the test binary runs");
+        assert!(status.success(), "seed {seed} failed in another process");
+        let other = std::fs::read_to_string(&path).expect("the other process wrote its log");
+        let _ = std::fs::remove_file(&path);
+        assert_same_log(seed, &run(seed, None).log, &other, "another process");
+    }
+}
+
+fn assert_same_log(seed: u64, one: &str, other: &str, where_: &str) {
+    assert!(
+        one == other,
+        "seed {seed} gave a different log in {where_}; the first difference is at line {}",
+        one.lines()
+            .zip(other.lines())
+            .position(|(a, b)| a != b)
+            .map_or("(one is a prefix of the other)".to_owned(), |line| (line
+                + 1)
+            .to_string())
+    );
 }
 
 #[test]

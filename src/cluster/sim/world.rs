@@ -127,6 +127,7 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
         let local = RegistryBuilder::new()
             .shards(plan.shards)
             .execution(plan.execution)
+            .router_seed(seed)
             .spawn();
         let polling = Jitter::from_seed(Rng::new(seed, POLLING | stream).next_u64());
         let leases = Leases::new(store, bounds, LEASE, None, polling);
