@@ -16,6 +16,8 @@
 //! - `checks`: the protected resource, and the promises checked at every grant and write.
 //! - `worker`: the workload, and the wrapper that stops a process's tasks.
 //! - `world`: one run, from the seed to its report.
+//! - `log`: the event log; `rng`: the seeded generators, one per purpose.
+//! - `tests`: many seeds, determinism, the regression seeds, the planted bugs.
 
 mod checks;
 mod log;

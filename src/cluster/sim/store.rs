@@ -53,6 +53,27 @@ enum Statement<'a> {
     ReleaseAll,
 }
 
+impl Statement<'_> {
+    /// The key whose row the statement reads and writes; none for `release all`.
+    fn key(&self) -> Option<&str> {
+        match *self {
+            Statement::Acquire(key) | Statement::Renew(key, _) | Statement::Release(key, _) => {
+                Some(key)
+            }
+            Statement::ReleaseAll => None,
+        }
+    }
+}
+
+/// A boolean reply against what the rules say it must be, given the row before.
+fn expect(reply: bool, rule: bool, rule_says: &str) -> Result<(), String> {
+    if reply == rule {
+        Ok(())
+    } else {
+        Err(format!("{rule_says}: {rule}"))
+    }
+}
+
 impl std::fmt::Display for Statement<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -120,7 +141,7 @@ impl SimStore {
         &self,
         statement: Statement<'_>,
         apply: impl FnOnce() -> F,
-        check: impl FnOnce(&T, &[Option<Row>], Instant) -> Result<(), String>,
+        check: impl FnOnce(&T, Option<&Row>, Instant) -> Result<(), String>,
     ) -> Result<T, LeaseError> {
         self.while_stopped().await;
         if let Some(back) = self.process.down_until(Instant::now()) {
@@ -141,13 +162,13 @@ impl SimStore {
         if self.process.is_dead(Instant::now()) {
             std::future::pending::<()>().await;
         }
-        let before = self.rows_of(statement);
+        let before = statement.key().and_then(|key| self.table.row(key));
         let now = Instant::now();
         // The memory store's calls complete at once: the statement is one step of the table.
         let reply = apply().await;
         self.event(format_args!("{statement} -> {reply:?}"));
         if let Ok(value) = &reply
-            && let Err(broken) = check(value, &before, now)
+            && let Err(broken) = check(value, before.as_ref(), now)
         {
             self.checker.fail(format!(
                 "the store broke its rules: {} {statement} -> {value:?}: {broken}",
@@ -165,15 +186,6 @@ impl SimStore {
         reply
     }
 
-    fn rows_of(&self, statement: Statement<'_>) -> Vec<Option<Row>> {
-        match statement {
-            Statement::Acquire(key) | Statement::Renew(key, _) | Statement::Release(key, _) => {
-                vec![self.table.row(key)]
-            }
-            Statement::ReleaseAll => Vec::new(),
-        }
-    }
-
     fn owner(&self) -> &str {
         self.inner.owner()
     }
@@ -185,11 +197,8 @@ impl LeaseStore for SimStore {
         self.run(
             Statement::Acquire(key),
             || self.inner.acquire(key),
-            |taken, before, now| {
-                let row = before.first().cloned().flatten();
-                let free = row
-                    .as_ref()
-                    .is_none_or(|row| !row.is_held_at(now) || row.is_owned_by(&owner));
+            |taken, row, now| {
+                let free = row.is_none_or(|row| !row.is_held_at(now) || row.is_owned_by(&owner));
                 let next = row.map_or(1, |row| row.fence + 1);
                 match taken {
                     Some(fence) if free && *fence == next => Ok(()),
@@ -208,17 +217,15 @@ impl LeaseStore for SimStore {
         self.run(
             Statement::Renew(key, fence),
             || self.inner.renew(key, fence),
-            |renewed, before, now| {
-                let ours_and_live = before.first().cloned().flatten().is_some_and(|row| {
+            |renewed, row, now| {
+                let ours_and_live = row.is_some_and(|row| {
                     row.is_held_at(now) && row.fence == fence && row.is_owned_by(&owner)
                 });
-                if *renewed == ours_and_live {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "the row was ours, live and under this fence: {ours_and_live}"
-                    ))
-                }
+                expect(
+                    *renewed,
+                    ours_and_live,
+                    "the row was ours, live and under this fence",
+                )
             },
         )
         .await
@@ -229,17 +236,9 @@ impl LeaseStore for SimStore {
         self.run(
             Statement::Release(key, fence),
             || self.inner.release(key, fence),
-            |released, before, _| {
-                let ours = before
-                    .first()
-                    .cloned()
-                    .flatten()
-                    .is_some_and(|row| row.fence == fence && row.is_owned_by(&owner));
-                if *released == ours {
-                    Ok(())
-                } else {
-                    Err(format!("the row was ours under this fence: {ours}"))
-                }
+            |released, row, _| {
+                let ours = row.is_some_and(|row| row.fence == fence && row.is_owned_by(&owner));
+                expect(*released, ours, "the row was ours under this fence")
             },
         )
         .await
