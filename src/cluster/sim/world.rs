@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::checks::{Checker, Stats};
@@ -66,7 +67,6 @@ pub(crate) fn run(seed: u64, planted: Option<PlantedBug>) -> Report {
 async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
     let plan = Plan::draw(&mut Rng::new(seed, PLAN));
     let log = Arc::new(EventLog::new());
-    let start = Instant::now();
     log.event(
         "plan",
         format_args!("seed {seed}, planted {planted:?}: {plan:?}"),
@@ -98,109 +98,22 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
             max_hold: MAX_HOLD,
         }
     };
-
-    let mut processes = Vec::new();
-    let mut workers = Vec::new();
-    for (index, process_plan) in plan.processes.iter().enumerate() {
-        let stream = (index as u64) << 32;
-        let clock = Arc::new(ProcessClock::new(
-            format!("p{index}"),
-            start,
-            process_plan.clone(),
-        ));
-        let (inner, table_notices) = table.store(LEASE);
-        let store = SimStore::new(
-            inner,
-            table.clone(),
-            Arc::clone(&clock),
-            Rng::new(seed, STORE | stream),
-            Arc::clone(&checker),
-            Arc::clone(&log),
-        );
-        let notices = relay_notices(
-            table_notices,
-            Arc::clone(&clock),
-            Rng::new(seed, NOTICES | stream),
-            Arc::clone(&checker),
-            Arc::clone(&log),
-        );
-        let local = RegistryBuilder::new()
-            .shards(plan.shards)
-            .execution(plan.execution)
-            .router_seed(seed)
-            .spawn();
-        let polling = Jitter::from_seed(Rng::new(seed, POLLING | stream).next_u64());
-        let leases = Leases::new(store, bounds, LEASE, None, polling);
-        leases::spawn_background(&leases, notices, HEARTBEAT);
-        let locks = ClusterLocks::new(local, leases);
-        for worker in 0..process_plan.workers {
-            let who = format!("p{index}.w{worker}");
-            let job = Worker {
-                who,
-                locks: locks.clone(),
-                process: Arc::clone(&clock),
-                keys: plan.keys,
-                ops: plan.ops_per_worker,
-                rng: Rng::new(seed, WORKER | stream | ((worker as u64) << 16)),
-                checker: Arc::clone(&checker),
-                log: Arc::clone(&log),
-            };
-            workers.push((
-                index,
-                tokio::spawn(Pausable::new(job.run(), Arc::clone(&clock))),
-            ));
-        }
-        processes.push((clock, locks));
-    }
-
-    // The world's own faults: kills, early shutdowns, clock jumps.
-    let mut world_events: Vec<(Duration, WorldEvent)> = Vec::new();
-    for (index, process_plan) in plan.processes.iter().enumerate() {
-        if let Some(at) = process_plan.killed_at {
-            world_events.push((at, WorldEvent::Kill(index)));
-        }
-        if let Some(at) = process_plan.shutdown_at {
-            world_events.push((at, WorldEvent::Shutdown(index)));
-        }
-    }
-    for &(at, by) in &plan.clock_jumps {
-        world_events.push((at, WorldEvent::Jump(by)));
-    }
-    world_events.sort_by_key(|(at, _)| *at);
-    let world = {
-        let log = Arc::clone(&log);
-        let checker = Arc::clone(&checker);
-        let processes: Vec<_> = processes.clone();
-        let worker_aborts: Vec<_> = workers
-            .iter()
-            .map(|(index, task)| (*index, task.abort_handle()))
-            .collect();
-        tokio::spawn(async move {
-            for (at, event) in world_events {
-                sleep_until(start + at).await;
-                log.event("world", format_args!("{event:?}"));
-                match event {
-                    WorldEvent::Kill(index) => {
-                        checker.count_fault();
-                        checker.killed(&processes[index].0.name);
-                        for (_, abort) in worker_aborts.iter().filter(|(of, _)| *of == index) {
-                            abort.abort();
-                        }
-                    }
-                    WorldEvent::Shutdown(index) => {
-                        let locks = processes[index].1.clone();
-                        tokio::spawn(async move { locks.shutdown().await });
-                    }
-                    WorldEvent::Jump(by) => {
-                        checker.count_fault();
-                        tokio::time::advance(by).await;
-                    }
-                }
-            }
-        })
+    let run = Run {
+        seed,
+        start: Instant::now(),
+        plan,
+        log,
+        checker,
+        table,
+        bounds,
     };
+
+    let mut processes: Vec<Process> = (0..run.plan.processes.len())
+        .map(|index| run.start_process(index))
+        .collect();
+    let world = run.spawn_world_events(&processes);
     let watchdog = {
-        let checker = Arc::clone(&checker);
+        let checker = Arc::clone(&run.checker);
         tokio::spawn(async move {
             loop {
                 sleep(Duration::from_millis(100)).await;
@@ -208,9 +121,12 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
             }
         })
     };
-
+    let workers: Vec<_> = processes
+        .iter_mut()
+        .flat_map(|process| process.workers.drain(..))
+        .collect();
     let finished = tokio::time::timeout(RUN_LIMIT, async {
-        for (_, worker) in workers {
+        for worker in workers {
             // A killed process's workers end aborted; that is their plan.
             let _ = worker.await;
         }
@@ -218,15 +134,16 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
     .await;
     watchdog.abort();
     world.abort();
+    let (checker, log) = (&run.checker, &run.log);
     if finished.is_err() {
         checker.fail(format!("the workers had not finished after {RUN_LIMIT:?}"));
     }
     checker.check_calls();
     log.event("world", format_args!("every worker is done"));
-    check_idle(&processes, &table, &checker, &log).await;
-    for (clock, locks) in &processes {
-        if !clock.is_dead(Instant::now()) {
-            locks.shutdown().await;
+    check_idle(&processes, &run.table, checker, log).await;
+    for process in &processes {
+        if !process.clock.is_dead(Instant::now()) {
+            process.locks.shutdown().await;
         }
     }
 
@@ -240,16 +157,143 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
     }
 }
 
+/// What the processes of one run share.
+struct Run {
+    seed: u64,
+    start: Instant,
+    plan: Plan,
+    log: Arc<EventLog>,
+    checker: Arc<Checker>,
+    table: MemoryLeaseTable,
+    bounds: CohortBounds,
+}
+
+/// One simulated process: its plan in time, its locks, its workers until they are awaited.
+struct Process {
+    clock: Arc<ProcessClock>,
+    locks: ClusterLocks<String, SimStore>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Run {
+    /// Starts process `index`: its store on the shared table, its notices, its local registry,
+    /// its leases with their heartbeat, and its workers.
+    fn start_process(&self, index: usize) -> Process {
+        let (seed, plan) = (self.seed, &self.plan);
+        let process_plan = &plan.processes[index];
+        let stream = (index as u64) << 32;
+        let clock = Arc::new(ProcessClock::new(
+            format!("p{index}"),
+            self.start,
+            process_plan.clone(),
+        ));
+        let (inner, table_notices) = self.table.store(LEASE);
+        let store = SimStore::new(
+            inner,
+            self.table.clone(),
+            Arc::clone(&clock),
+            Rng::new(seed, STORE | stream),
+            Arc::clone(&self.checker),
+            Arc::clone(&self.log),
+        );
+        let notices = relay_notices(
+            table_notices,
+            Arc::clone(&clock),
+            Rng::new(seed, NOTICES | stream),
+            Arc::clone(&self.checker),
+            Arc::clone(&self.log),
+        );
+        let local = RegistryBuilder::new()
+            .shards(plan.shards)
+            .execution(plan.execution)
+            .router_seed(seed)
+            .spawn();
+        let polling = Jitter::from_seed(Rng::new(seed, POLLING | stream).next_u64());
+        let leases = Leases::new(store, self.bounds, LEASE, None, polling);
+        leases::spawn_background(&leases, notices, HEARTBEAT);
+        let locks = ClusterLocks::new(local, leases);
+        let workers = (0..process_plan.workers)
+            .map(|worker| {
+                let job = Worker {
+                    who: format!("p{index}.w{worker}"),
+                    locks: locks.clone(),
+                    process: Arc::clone(&clock),
+                    keys: plan.keys,
+                    ops: plan.ops_per_worker,
+                    rng: Rng::new(seed, WORKER | stream | ((worker as u64) << 16)),
+                    checker: Arc::clone(&self.checker),
+                    log: Arc::clone(&self.log),
+                };
+                tokio::spawn(Pausable::new(job.run(), Arc::clone(&clock)))
+            })
+            .collect();
+        Process {
+            clock,
+            locks,
+            workers,
+        }
+    }
+
+    /// The world's own faults, in a task: kills, early shutdowns, clock jumps.
+    fn spawn_world_events(&self, processes: &[Process]) -> JoinHandle<()> {
+        let mut events: Vec<(Duration, WorldEvent)> = Vec::new();
+        for (index, process_plan) in self.plan.processes.iter().enumerate() {
+            if let Some(at) = process_plan.killed_at {
+                events.push((at, WorldEvent::Kill(index)));
+            }
+            if let Some(at) = process_plan.shutdown_at {
+                events.push((at, WorldEvent::Shutdown(index)));
+            }
+        }
+        for &(at, by) in &self.plan.clock_jumps {
+            events.push((at, WorldEvent::Jump(by)));
+        }
+        events.sort_by_key(|(at, _)| *at);
+        let targets: Vec<_> = processes
+            .iter()
+            .map(|process| {
+                let aborts: Vec<_> = process
+                    .workers
+                    .iter()
+                    .map(JoinHandle::abort_handle)
+                    .collect();
+                (process.clock.name.clone(), process.locks.clone(), aborts)
+            })
+            .collect();
+        let (log, checker, start) = (Arc::clone(&self.log), Arc::clone(&self.checker), self.start);
+        tokio::spawn(async move {
+            for (at, event) in events {
+                sleep_until(start + at).await;
+                log.event("world", format_args!("{event:?}"));
+                match event {
+                    WorldEvent::Kill(index) => {
+                        let (name, _, aborts) = &targets[index];
+                        checker.count_fault();
+                        checker.killed(name);
+                        aborts.iter().for_each(AbortHandle::abort);
+                    }
+                    WorldEvent::Shutdown(index) => {
+                        let locks = targets[index].1.clone();
+                        tokio::spawn(async move { locks.shutdown().await });
+                    }
+                    WorldEvent::Jump(by) => {
+                        checker.count_fault();
+                        tokio::time::advance(by).await;
+                    }
+                }
+            }
+        })
+    }
+}
+
 /// Once every worker is done: no call under way, no local entry or held lease in a live
 /// process once its releases had time to land, and no live lease in the table a lease later.
-async fn check_idle<S>(
-    processes: &[(Arc<ProcessClock>, ClusterLocks<String, S>)],
+async fn check_idle(
+    processes: &[Process],
     table: &MemoryLeaseTable,
     checker: &Checker,
     log: &EventLog,
-) where
-    S: crate::cluster::lease_store::LeaseStore,
-{
+) {
     if checker.calls_under_way() > 0 {
         checker.fail(format!(
             "{} lock calls never ended",
@@ -258,7 +302,7 @@ async fn check_idle<S>(
     }
     // Releases run in tasks of their own: give them (and any pause or outage) time to land.
     sleep(Duration::from_secs(5)).await;
-    for (clock, locks) in processes {
+    for Process { clock, locks, .. } in processes {
         if clock.is_dead(Instant::now()) {
             continue;
         }
