@@ -13,6 +13,7 @@
 //! - `sim` (tests only): the simulator, several processes over one in-memory table.
 //! - `link`: the statement connection, made again after a loss; `listener`: the LISTEN
 //!   connection, likewise; `notices`: the channel from the listener to the waiters.
+//! - `batch`: group commit on the client, the requests of many keys in one statement.
 //! - `config`, `connection`, `backoff`, `entropy`, `error`: what they say.
 //!
 //! Without TLS for now: tokio-postgres' `NoTls` only.
@@ -24,6 +25,7 @@
 
 #[cfg(feature = "postgres")]
 mod backoff;
+mod batch;
 #[cfg(feature = "postgres")]
 mod config;
 #[cfg(feature = "postgres")]

@@ -2,6 +2,7 @@
 
 use std::error::Error;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::lease_store::MAX_KEY_BYTES;
@@ -182,6 +183,19 @@ pub(crate) enum LeaseError {
     Statement(tokio_postgres::Error),
     /// The table returned a fence below 1, which no statement of ours writes.
     BadFence(i64),
+    /// The batch this statement went in failed; each of the batch's statements gets the same
+    /// error.
+    Batch(Arc<LeaseError>),
+    /// The task that sends this statement's batch is gone (its runtime shut down); the
+    /// statement may or may not have been applied.
+    BatchDropped,
+    /// A batch got a different number of answers than it had statements (a bug).
+    BatchAnswers {
+        /// Statements in the batch.
+        sent: usize,
+        /// Answers.
+        answered: usize,
+    },
 }
 
 impl fmt::Display for LeaseError {
@@ -211,6 +225,14 @@ impl fmt::Display for LeaseError {
             LeaseError::BadFence(fence) => {
                 write!(f, "the lease table holds fence {fence}, below 1")
             }
+            LeaseError::Batch(error) => write!(f, "the statement's batch failed: {error}"),
+            LeaseError::BatchDropped => {
+                f.write_str("the task sending the statement's batch is gone")
+            }
+            LeaseError::BatchAnswers { sent, answered } => write!(
+                f,
+                "a batch of {sent} lease statements got {answered} answers"
+            ),
         }
     }
 }
@@ -222,10 +244,13 @@ impl Error for LeaseError {
             LeaseError::Reconnect(source) => Some(source),
             #[cfg(feature = "postgres")]
             LeaseError::ConnectionLost(source) | LeaseError::Statement(source) => Some(source),
+            LeaseError::Batch(error) => Some(error.as_ref()),
             LeaseError::KeyTooLong { .. }
             | LeaseError::Reconnecting { .. }
             | LeaseError::Timeout { .. }
-            | LeaseError::BadFence(_) => None,
+            | LeaseError::BadFence(_)
+            | LeaseError::BatchDropped
+            | LeaseError::BatchAnswers { .. } => None,
         }
     }
 }

@@ -1,11 +1,13 @@
 //! The lease store on PostgreSQL: one table of lease rows, four statements run on a shared
 //! connection (`link`), and a connection of its own that listens for releases (`listener`).
+//! Acquisitions and releases of many keys made at once go as one statement each (`batch`):
+//! their statements take arrays of keys, locked in key order.
 //!
 //! # The table
 //!
 //! `{prefix}leases (key text PRIMARY KEY, owner text, fence bigint NOT NULL, expires_at
 //! timestamptz NOT NULL)`, created if missing. Its invariants, kept by the four statements
-//! below, each one statement and so atomic:
+//! below, each one statement (whatever the number of keys in it) and so atomic:
 //!
 //! 1. A key is held by `owner` exactly while `owner IS NOT NULL AND expires_at >
 //!    clock_timestamp()`. Only the server's clock decides: the clients' clocks may disagree.
@@ -22,6 +24,7 @@
 //! Each store is one owner: `{process id}-{64 random bits}`, so that two stores in one process
 //! exclude each other like two processes do.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +34,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 
+use super::batch::{Batched, Batcher};
 use super::config::{LeaseTable, PgLeaseConfig};
 use super::entropy::random_u64;
 use super::error::{ClusterError, LeaseError};
@@ -42,14 +46,49 @@ use super::notices::LeaseNotices;
 /// The lease store on a PostgreSQL table. Dropping it stops its listener and closes its
 /// connections; its leases run out unless [`release_all`](LeaseStore::release_all) ran first.
 pub(crate) struct PgLeaseStore {
+    core: Arc<StoreCore>,
+    lease: Duration,
+    /// Acquisitions and releases of many keys go to the server together (`batch`).
+    acquisitions: Batcher<Acquisition, Option<Fence>>,
+    releases: Batcher<Release, bool>,
+    listener: AbortHandle,
+}
+
+/// What the statements need, shared with the tasks that send the batches.
+struct StoreCore {
     owner: String,
     table: LeaseTable,
     statements: Statements,
-    lease: Duration,
     /// The lease in whole milliseconds, as the statements take it.
     lease_millis: i64,
     link: StatementLink,
-    listener: AbortHandle,
+}
+
+/// One key's acquisition, in a batch.
+struct Acquisition {
+    key: String,
+}
+
+/// One lease's release, in a batch.
+struct Release {
+    key: String,
+    fence: i64,
+}
+
+impl Batched for Acquisition {
+    type Conflict = String;
+
+    fn conflict(&self) -> String {
+        self.key.clone()
+    }
+}
+
+impl Batched for Release {
+    type Conflict = String;
+
+    fn conflict(&self) -> String {
+        self.key.clone()
+    }
 }
 
 impl PgLeaseStore {
@@ -89,13 +128,24 @@ impl PgLeaseStore {
 
         let listener_name = format!("keyed-locks listener {owner}");
         let (notices, listener) = listener::start(server, &checked.table, listener_name).await?;
-        let store = PgLeaseStore {
+        let core = Arc::new(StoreCore {
             owner,
             table: checked.table,
             statements,
-            lease: checked.lease,
             lease_millis,
             link,
+        });
+        let store = PgLeaseStore {
+            acquisitions: Batcher::new(Box::new({
+                let core = Arc::clone(&core);
+                move |batch| Box::pin(Arc::clone(&core).acquire_batch(batch))
+            })),
+            releases: Batcher::new(Box::new({
+                let core = Arc::clone(&core);
+                move |batch| Box::pin(Arc::clone(&core).release_batch(batch))
+            })),
+            core,
+            lease: checked.lease,
             listener,
         };
         Ok((store, notices))
@@ -104,32 +154,85 @@ impl PgLeaseStore {
     /// This store's owner id, as the table's `owner` column holds it (the tests look for it).
     #[cfg(test)]
     pub(crate) fn owner(&self) -> &str {
-        &self.owner
+        &self.core.owner
     }
 }
 
-impl PgLeaseStore {
-    /// The values of this store's statements for `key` and `fence`.
-    fn values<'a>(&'a self, key: &'a str, fence: i64) -> Values<'a> {
+impl StoreCore {
+    /// The values of this store's statements for `keys` and `fences`.
+    fn values<'a>(&'a self, keys: Vec<&'a str>, fences: Vec<i64>) -> Values<'a> {
         Values {
-            key,
+            keys,
             owner: &self.owner,
-            fence,
+            fences,
             lease_millis: self.lease_millis,
             channel: self.table.name(),
         }
     }
+
+    /// Acquires every key of `batch` that is free, expired or ours, in one statement: the
+    /// new fence of each, or `None` where another owner holds the key.
+    async fn acquire_batch(
+        self: Arc<Self>,
+        batch: Vec<Acquisition>,
+    ) -> Result<Vec<Option<Fence>>, LeaseError> {
+        // Rows are locked in key order in every batch of every process: no two batches can
+        // wait for each other.
+        let mut keys: Vec<&str> = batch.iter().map(|request| request.key.as_str()).collect();
+        keys.sort_unstable();
+        let values = self.values(keys, Vec::new());
+        let rows = self
+            .link
+            .query(&self.statements.acquire, &values.acquire())
+            .await?;
+        let mut taken = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let key: String = row.try_get(0).map_err(LeaseError::Statement)?;
+            taken.insert(key, fence_of(row)?);
+        }
+        Ok(batch
+            .iter()
+            .map(|request| taken.get(&request.key).copied())
+            .collect())
+    }
+
+    /// Releases every lease of `batch` still ours under its fence, in one statement that also
+    /// announces each: whether each was.
+    async fn release_batch(self: Arc<Self>, batch: Vec<Release>) -> Result<Vec<bool>, LeaseError> {
+        let mut leases: Vec<(&str, i64)> = batch
+            .iter()
+            .map(|request| (request.key.as_str(), request.fence))
+            .collect();
+        leases.sort_unstable();
+        let (keys, fences) = leases.into_iter().unzip();
+        let values = self.values(keys, fences);
+        let rows = self
+            .link
+            .query(&self.statements.release, &values.release())
+            .await?;
+        let mut released = HashSet::with_capacity(rows.len());
+        for row in &rows {
+            let key: String = row.try_get(0).map_err(LeaseError::Statement)?;
+            released.insert(key);
+        }
+        Ok(batch
+            .iter()
+            .map(|request| released.contains(&request.key))
+            .collect())
+    }
+}
+
+fn unbatched(error: Arc<LeaseError>) -> LeaseError {
+    LeaseError::Batch(error)
 }
 
 impl LeaseStore for PgLeaseStore {
     async fn acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
         check_key(key)?;
-        let values = self.values(key, 0);
-        let rows = self
-            .link
-            .query(&self.statements.acquire, &values.acquire())
-            .await?;
-        rows.first().map(fence_of).transpose()
+        let request = Acquisition {
+            key: key.to_owned(),
+        };
+        self.acquisitions.submit(request).await.map_err(unbatched)
     }
 
     async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
@@ -138,10 +241,11 @@ impl LeaseStore for PgLeaseStore {
         let Ok(fence) = i64::try_from(fence) else {
             return Ok(false);
         };
-        let values = self.values(key, fence);
-        let rows = self
+        let core = &self.core;
+        let values = core.values(vec![key], vec![fence]);
+        let rows = core
             .link
-            .query(&self.statements.renew, &values.renew())
+            .query(&core.statements.renew, &values.renew())
             .await?;
         Ok(!rows.is_empty())
     }
@@ -151,20 +255,20 @@ impl LeaseStore for PgLeaseStore {
         let Ok(fence) = i64::try_from(fence) else {
             return Ok(false);
         };
-        let values = self.values(key, fence);
-        let rows = self
-            .link
-            .query(&self.statements.release, &values.release())
-            .await?;
-        Ok(!rows.is_empty())
+        let request = Release {
+            key: key.to_owned(),
+            fence,
+        };
+        self.releases.submit(request).await.map_err(unbatched)
     }
 
     async fn release_all(&self) -> Result<u64, LeaseError> {
         // No key or fence: this statement takes the owner and the channel only.
-        let values = self.values("", 0);
-        let rows = self
+        let core = &self.core;
+        let values = core.values(Vec::new(), Vec::new());
+        let rows = core
             .link
-            .query(&self.statements.release_all, &values.release_all())
+            .query(&core.statements.release_all, &values.release_all())
             .await?;
         Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
     }
@@ -181,23 +285,26 @@ impl Drop for PgLeaseStore {
 impl fmt::Debug for PgLeaseStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgLeaseStore")
-            .field("owner", &self.owner)
-            .field("table", &self.table.name())
+            .field("owner", &self.core.owner)
+            .field("table", &self.core.table.name())
             .field("lease", &self.lease)
-            .field("link", &self.link)
+            .field("link", &self.core.link)
             .finish_non_exhaustive()
     }
 }
 
-/// The four statements' text for one table. Parameters: `$1` key, `$2` owner, then as named.
+/// The four statements' text for one table. Parameters: `$1` keys (an array; renew takes one
+/// key), `$2` owner, then as named.
 #[derive(Debug)]
 struct Statements {
-    /// `$3` lease in milliseconds. Takes the row if free, expired or ours (invariants 1, 2);
-    /// returns the new fence, or no row.
+    /// `$3` lease in milliseconds. Takes each row that is free, expired or ours (invariants
+    /// 1, 2), in the keys' order; returns `(key, new fence)` for each taken.
     acquire: String,
-    /// `$3` fence, `$4` lease in milliseconds. Returns a row if renewed (invariants 1, 3).
+    /// `$1` one key, `$3` fence, `$4` lease in milliseconds. Returns a row if renewed
+    /// (invariants 1, 3).
     renew: String,
-    /// `$3` fence, `$4` channel. Returns a row if released (invariants 3, 4).
+    /// `$3` fences, one per key, `$4` channel. Returns the key of each lease released, after
+    /// locking their rows in key order (invariants 3, 4).
     release: String,
     /// `$1` owner, `$2` channel. Returns a row per lease released (invariant 4).
     release_all: String,
@@ -207,9 +314,9 @@ struct Statements {
 /// its `$n`: the one place that matches the text of [`Statements`], for the store and the
 /// check at connect.
 struct Values<'a> {
-    key: &'a str,
+    keys: Vec<&'a str>,
     owner: &'a str,
-    fence: i64,
+    fences: Vec<i64>,
     lease_millis: i64,
     channel: &'a str,
 }
@@ -220,26 +327,27 @@ type Params<'v, const N: usize> = [(&'v (dyn ToSql + Sync), Type); N];
 impl Values<'_> {
     fn acquire(&self) -> Params<'_, 3> {
         [
-            (&self.key, Type::TEXT),
+            (&self.keys, Type::TEXT_ARRAY),
             (&self.owner, Type::TEXT),
             (&self.lease_millis, Type::INT8),
         ]
     }
 
+    /// Renew takes one key and its fence, the first of each.
     fn renew(&self) -> Params<'_, 4> {
         [
-            (&self.key, Type::TEXT),
+            (&self.keys[0], Type::TEXT),
             (&self.owner, Type::TEXT),
-            (&self.fence, Type::INT8),
+            (&self.fences[0], Type::INT8),
             (&self.lease_millis, Type::INT8),
         ]
     }
 
     fn release(&self) -> Params<'_, 4> {
         [
-            (&self.key, Type::TEXT),
+            (&self.keys, Type::TEXT_ARRAY),
             (&self.owner, Type::TEXT),
-            (&self.fence, Type::INT8),
+            (&self.fences, Type::INT8_ARRAY),
             (&self.channel, Type::TEXT),
         ]
     }
@@ -258,13 +366,15 @@ impl Statements {
             // old fence was never handed to anyone.
             acquire: format!(
                 "INSERT INTO {table} AS held (key, owner, fence, expires_at) \
-                 VALUES ($1, $2, 1, clock_timestamp() + $3 * interval '1 millisecond') \
+                 SELECT asked.key, $2, 1, clock_timestamp() + $3 * interval '1 millisecond' \
+                 FROM unnest($1::text[]) WITH ORDINALITY AS asked(key, position) \
+                 ORDER BY asked.position \
                  ON CONFLICT (key) DO UPDATE \
                  SET owner = excluded.owner, fence = held.fence + 1, \
                      expires_at = excluded.expires_at \
                  WHERE held.owner IS NULL OR held.owner = excluded.owner \
                     OR held.expires_at <= clock_timestamp() \
-                 RETURNING fence"
+                 RETURNING key, fence"
             ),
             renew: format!(
                 "UPDATE {table} \
@@ -276,11 +386,17 @@ impl Statements {
             // A data-modifying WITH runs to completion once, and `pg_notify` runs for each row
             // it returns, in the same statement and so the same transaction.
             release: format!(
-                "WITH released AS ( \
-                   UPDATE {table} SET owner = NULL, expires_at = clock_timestamp() \
-                   WHERE key = $1 AND owner = $2 AND fence = $3 \
-                   RETURNING key) \
-                 SELECT pg_notify($4, key) FROM released"
+                "WITH ours AS ( \
+                   SELECT held.key FROM {table} AS held \
+                   JOIN unnest($1::text[], $3::bigint[]) AS given(key, fence) \
+                     ON held.key = given.key AND held.fence = given.fence \
+                   WHERE held.owner = $2 \
+                   ORDER BY held.key FOR UPDATE OF held), \
+                 released AS ( \
+                   UPDATE {table} AS held SET owner = NULL, expires_at = clock_timestamp() \
+                   FROM ours WHERE held.key = ours.key \
+                   RETURNING held.key) \
+                 SELECT key, pg_notify($4, key)::text FROM released"
             ),
             release_all: format!(
                 "WITH released AS ( \
@@ -294,7 +410,7 @@ impl Statements {
 }
 
 fn fence_of(row: &Row) -> Result<Fence, LeaseError> {
-    let fence: i64 = row.try_get(0).map_err(LeaseError::Statement)?;
+    let fence: i64 = row.try_get("fence").map_err(LeaseError::Statement)?;
     // The column's CHECK keeps fences positive; a table made by hand might not.
     Fence::try_from(fence)
         .ok()
@@ -361,9 +477,9 @@ async fn probe(
 ) -> Result<(), tokio_postgres::Error> {
     let key = format!("keyed-locks probe {owner}");
     let values = Values {
-        key: &key,
+        keys: vec![&key],
         owner,
-        fence: 1,
+        fences: vec![1],
         lease_millis,
         channel: table.name(),
     };

@@ -283,7 +283,7 @@ async fn a_statement_connection_lost_while_idle_is_made_again_by_the_next_call()
     let (store, _notices) = store(&config(prefix)).await;
     let old_pid = terminate(&admin, &statements_name(&store)).await;
     eventually("the store sees its connection lost", || {
-        store.link.is_known_lost()
+        store.core.link.is_known_lost()
     })
     .await;
     // Nothing was sent on the lost connection, so the call reconnects and runs.
@@ -364,7 +364,7 @@ async fn a_statement_stalled_past_the_heartbeat_times_out_and_the_next_call_reco
         matches!(renewed, Err(LeaseError::Timeout { .. })),
         "{renewed:?}"
     );
-    assert!(store.link.is_known_lost().await);
+    assert!(store.core.link.is_known_lost().await);
     locker.batch_execute("ROLLBACK").await.expect("rollback");
     assert_eq!(store.acquire("other").await.ok(), Some(Some(1)));
     let new_pid = backend_pid(&admin, &statements_name(&store)).await;
@@ -557,5 +557,59 @@ async fn stores_connecting_at_once_to_a_missing_table_all_connect() {
     let (a, b, c, d) = tokio::join!(a, b, c, d);
     for connected in [a, b, c, d] {
         assert!(connected.is_ok(), "{:?}", connected.err());
+    }
+}
+
+/// Calls of one store made together go to the server as one statement per kind (`batch`):
+/// each still gets its own answer, a key held by another owner included, and a release under a
+/// stale fence changes nothing.
+#[tokio::test]
+async fn calls_made_together_share_a_statement_and_keep_their_own_answers() {
+    let prefix = "keyed_locks_test_batches_";
+    let admin = fresh_table(prefix).await;
+    let (ours, _our_notices) = store(&config(prefix)).await;
+    let (theirs, _their_notices) = store(&config(prefix)).await;
+    let held_elsewhere = acquired(&theirs, "k3").await;
+    let keys: Vec<String> = (0..20).map(|n| format!("k{n}")).collect();
+
+    // On this current-thread runtime all 20 are queued before the batch leaves: one statement.
+    let taken = futures::future::join_all(keys.iter().map(|key| ours.acquire(key))).await;
+    for (key, answer) in keys.iter().zip(&taken) {
+        match answer {
+            Ok(None) if key == "k3" => {}
+            Ok(Some(1)) if key != "k3" => {}
+            other => panic!("acquire of {key:?} in a batch: {other:?}"),
+        }
+    }
+
+    let mut releases: Vec<(&str, Fence)> = keys
+        .iter()
+        .filter(|key| *key != "k3")
+        .map(|key| (key.as_str(), 1))
+        .collect();
+    releases.push(("k5", 9));
+    releases.push(("k3", held_elsewhere));
+    let released = futures::future::join_all(
+        releases
+            .iter()
+            .map(|&(key, fence)| ours.release(key, fence)),
+    )
+    .await;
+    for (&(key, fence), answer) in releases.iter().zip(&released) {
+        let expected = fence == 1 && key != "k3";
+        assert!(
+            matches!(answer, Ok(got) if *got == expected),
+            "release of {key:?} under fence {fence}: {answer:?}"
+        );
+    }
+    for key in &keys {
+        let (owner, fence) = row(&admin, prefix, key).await.expect("the row is there");
+        if key == "k3" {
+            assert_eq!(owner.as_deref(), Some(theirs.owner()));
+            assert_eq!(fence, 1);
+        } else {
+            assert_eq!(owner, None, "{key} is still held");
+            assert_eq!(fence, 1);
+        }
     }
 }
