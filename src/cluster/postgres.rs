@@ -181,10 +181,13 @@ impl StoreCore {
         let mut keys: Vec<&str> = batch.iter().map(|request| request.key.as_str()).collect();
         keys.sort_unstable();
         let values = self.values(keys, Vec::new());
-        let rows = self
-            .link
-            .query(&self.statements.acquire, &values.acquire())
-            .await?;
+        let rows = if batch.len() == 1 {
+            let statement = &self.statements.acquire_one;
+            self.link.query(statement, &values.acquire_one()).await?
+        } else {
+            let statement = &self.statements.acquire;
+            self.link.query(statement, &values.acquire()).await?
+        };
         let mut taken = HashMap::with_capacity(rows.len());
         for row in &rows {
             let key: String = row.try_get(0).map_err(LeaseError::Statement)?;
@@ -206,10 +209,13 @@ impl StoreCore {
         leases.sort_unstable();
         let (keys, fences) = leases.into_iter().unzip();
         let values = self.values(keys, fences);
-        let rows = self
-            .link
-            .query(&self.statements.release, &values.release())
-            .await?;
+        let rows = if batch.len() == 1 {
+            let statement = &self.statements.release_one;
+            self.link.query(statement, &values.release_one()).await?
+        } else {
+            let statement = &self.statements.release;
+            self.link.query(statement, &values.release()).await?
+        };
         let mut released = HashSet::with_capacity(rows.len());
         for row in &rows {
             let key: String = row.try_get(0).map_err(LeaseError::Statement)?;
@@ -293,19 +299,24 @@ impl fmt::Debug for PgLeaseStore {
     }
 }
 
-/// The four statements' text for one table. Parameters: `$1` keys (an array; renew takes one
+/// The statements' text for one table. Parameters: `$1` keys (an array; renew takes one
 /// key), `$2` owner, then as named.
 #[derive(Debug)]
 struct Statements {
     /// `$3` lease in milliseconds. Takes each row that is free, expired or ours (invariants
     /// 1, 2), in the keys' order; returns `(key, new fence)` for each taken.
     acquire: String,
+    /// `acquire` for one key (`$1` a key, not an array): a simpler plan for the batch of one
+    /// that a lone lock makes.
+    acquire_one: String,
     /// `$1` one key, `$3` fence, `$4` lease in milliseconds. Returns a row if renewed
     /// (invariants 1, 3).
     renew: String,
     /// `$3` fences, one per key, `$4` channel. Returns the key of each lease released, after
     /// locking their rows in key order (invariants 3, 4).
     release: String,
+    /// `release` for one key and fence (`$1`, `$3` not arrays).
+    release_one: String,
     /// `$1` owner, `$2` channel. Returns a row per lease released (invariant 4).
     release_all: String,
 }
@@ -330,6 +341,23 @@ impl Values<'_> {
             (&self.keys, Type::TEXT_ARRAY),
             (&self.owner, Type::TEXT),
             (&self.lease_millis, Type::INT8),
+        ]
+    }
+
+    fn acquire_one(&self) -> Params<'_, 3> {
+        [
+            (&self.keys[0], Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (&self.lease_millis, Type::INT8),
+        ]
+    }
+
+    fn release_one(&self) -> Params<'_, 4> {
+        [
+            (&self.keys[0], Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (&self.fences[0], Type::INT8),
+            (&self.channel, Type::TEXT),
         ]
     }
 
@@ -376,6 +404,16 @@ impl Statements {
                     OR held.expires_at <= clock_timestamp() \
                  RETURNING key, fence"
             ),
+            acquire_one: format!(
+                "INSERT INTO {table} AS held (key, owner, fence, expires_at) \
+                 VALUES ($1, $2, 1, clock_timestamp() + $3 * interval '1 millisecond') \
+                 ON CONFLICT (key) DO UPDATE \
+                 SET owner = excluded.owner, fence = held.fence + 1, \
+                     expires_at = excluded.expires_at \
+                 WHERE held.owner IS NULL OR held.owner = excluded.owner \
+                    OR held.expires_at <= clock_timestamp() \
+                 RETURNING key, fence"
+            ),
             renew: format!(
                 "UPDATE {table} \
                  SET expires_at = clock_timestamp() + $4 * interval '1 millisecond' \
@@ -396,6 +434,13 @@ impl Statements {
                    UPDATE {table} AS held SET owner = NULL, expires_at = clock_timestamp() \
                    FROM ours WHERE held.key = ours.key \
                    RETURNING held.key) \
+                 SELECT key, pg_notify($4, key)::text FROM released"
+            ),
+            release_one: format!(
+                "WITH released AS ( \
+                   UPDATE {table} SET owner = NULL, expires_at = clock_timestamp() \
+                   WHERE key = $1 AND owner = $2 AND fence = $3 \
+                   RETURNING key) \
                  SELECT key, pg_notify($4, key)::text FROM released"
             ),
             release_all: format!(
@@ -467,7 +512,7 @@ async fn set_up_table(
         .map_err(|error| refusal(table, "checking table", error))
 }
 
-/// Runs the four statements on a key of our own (nobody else's row is touched).
+/// Runs every statement on a key of our own (nobody else's row is touched).
 async fn probe(
     client: &Client,
     table: &LeaseTable,
@@ -487,10 +532,16 @@ async fn probe(
         .query_typed(&statements.acquire, &values.acquire())
         .await?;
     client
+        .query_typed(&statements.acquire_one, &values.acquire_one())
+        .await?;
+    client
         .query_typed(&statements.renew, &values.renew())
         .await?;
     client
         .query_typed(&statements.release, &values.release())
+        .await?;
+    client
+        .query_typed(&statements.release_one, &values.release_one())
         .await?;
     client
         .query_typed(&statements.release_all, &values.release_all())
