@@ -27,20 +27,14 @@
 //!    the fence.
 //! 5. Once [`Leases::release_everything`] has begun (shutdown), no lease is recorded as held:
 //!    one whose acquisition lands later is released, so no guard is made on a lease that
-//!    shutdown's release may already have given back. (Found by the simulator: a `lock` whose
-//!    statement was in flight during `shutdown` got a guard that believed its lease live
-//!    while another process held the key.)
+//!    shutdown's release may already have given back, and that another process may hold.
 //! 6. A key's entry records only fences above every fence it recorded before
 //!    (`highest_fence`): an acquisition's reply that comes back after a newer acquisition of
 //!    ours was recorded is stale (the row carries the newer fence) and is ignored. Invariant 1
-//!    keeps the entry, and so `highest_fence`, alive while such a reply can still come.
-//!    (Found by the simulator: a reply delayed past its caller's timeout was recorded after a
-//!    newer lease of the key had been granted and released, and its older fence was handed to
-//!    the next holder.)
+//!    keeps the entry, and so `highest_fence`, alive while such a reply can still come, even
+//!    after its caller gave up and a newer lease of the key was granted and released.
 //! 7. A guard learns that its lease is lost before any statement that gives the lease back
 //!    is sent: a release's reply can come late, and the key may be another process's by then.
-//!    (Found by the simulator: at shutdown, guards were told only once the release statement
-//!    returned, and believed their leases live while another process held one.)
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -181,17 +181,17 @@ impl StoreCore {
         let mut keys: Vec<&str> = batch.iter().map(|request| request.key.as_str()).collect();
         keys.sort_unstable();
         let values = self.values(keys, Vec::new());
-        let rows = if batch.len() == 1 {
-            let statement = &self.statements.acquire_one;
-            self.link.query(statement, &values.acquire_one()).await?
-        } else {
-            let statement = &self.statements.acquire;
-            self.link.query(statement, &values.acquire()).await?
-        };
+        let statements = &self.statements;
+        let rows = self
+            .query_one_or_many(
+                batch.len(),
+                (&statements.acquire_one, values.acquire_one()),
+                (&statements.acquire, values.acquire()),
+            )
+            .await?;
         let mut taken = HashMap::with_capacity(rows.len());
         for row in &rows {
-            let key: String = row.try_get(0).map_err(LeaseError::Statement)?;
-            taken.insert(key, fence_of(row)?);
+            taken.insert(key_of(row)?, fence_of(row)?);
         }
         Ok(batch
             .iter()
@@ -209,18 +209,15 @@ impl StoreCore {
         leases.sort_unstable();
         let (keys, fences) = leases.into_iter().unzip();
         let values = self.values(keys, fences);
-        let rows = if batch.len() == 1 {
-            let statement = &self.statements.release_one;
-            self.link.query(statement, &values.release_one()).await?
-        } else {
-            let statement = &self.statements.release;
-            self.link.query(statement, &values.release()).await?
-        };
-        let mut released = HashSet::with_capacity(rows.len());
-        for row in &rows {
-            let key: String = row.try_get(0).map_err(LeaseError::Statement)?;
-            released.insert(key);
-        }
+        let statements = &self.statements;
+        let rows = self
+            .query_one_or_many(
+                batch.len(),
+                (&statements.release_one, values.release_one()),
+                (&statements.release, values.release()),
+            )
+            .await?;
+        let released = rows.iter().map(key_of).collect::<Result<HashSet<_>, _>>()?;
         Ok(batch
             .iter()
             .map(|request| released.contains(&request.key))
@@ -228,8 +225,23 @@ impl StoreCore {
     }
 }
 
-fn unbatched(error: Arc<LeaseError>) -> LeaseError {
-    LeaseError::Batch(error)
+impl StoreCore {
+    /// Runs `one` for a batch of one request (its statement takes a key, not an array, and
+    /// plans more simply), `many` for a larger batch.
+    async fn query_one_or_many<const N: usize>(
+        &self,
+        requests: usize,
+        one: (&str, Params<'_, N>),
+        many: (&str, Params<'_, N>),
+    ) -> Result<Vec<Row>, LeaseError> {
+        let (statement, params) = if requests == 1 { one } else { many };
+        self.link.query(statement, &params).await
+    }
+}
+
+/// The key a batch statement returned a row for.
+fn key_of(row: &Row) -> Result<String, LeaseError> {
+    row.try_get("key").map_err(LeaseError::Statement)
 }
 
 impl LeaseStore for PgLeaseStore {
@@ -238,7 +250,10 @@ impl LeaseStore for PgLeaseStore {
         let request = Acquisition {
             key: key.to_owned(),
         };
-        self.acquisitions.submit(request).await.map_err(unbatched)
+        self.acquisitions
+            .submit(request)
+            .await
+            .map_err(LeaseError::Batch)
     }
 
     async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
@@ -265,7 +280,10 @@ impl LeaseStore for PgLeaseStore {
             key: key.to_owned(),
             fence,
         };
-        self.releases.submit(request).await.map_err(unbatched)
+        self.releases
+            .submit(request)
+            .await
+            .map_err(LeaseError::Batch)
     }
 
     async fn release_all(&self) -> Result<u64, LeaseError> {
