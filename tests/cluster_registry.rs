@@ -23,7 +23,8 @@ pub(crate) async fn fresh_prefix(prefix: &str) -> String {
     tokio::spawn(connection);
     client
         .batch_execute(&format!(
-            "DROP TABLE IF EXISTS \"{prefix}leases\"; DROP TABLE IF EXISTS \"{prefix}counters\";"
+            "DROP TABLE IF EXISTS \"{prefix}leases\", \"{prefix}fences\", \"{prefix}run\", \
+             \"{prefix}counters\";"
         ))
         .await
         .expect("dropping the test's tables");

@@ -114,8 +114,11 @@ fn check_timing(lease: Duration, heartbeat: Duration) -> Result<(), ClusterError
 
 /// The name of a lease table, checked to be a plain identifier. It is also the name of the
 /// NOTIFY channel on which releases are announced (channels and tables do not share names).
+/// Two tables go with it, named with the same prefix (see `postgres`): `{prefix}fences` and
+/// `{prefix}run`, whose suffixes are no longer than "leases".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct LeaseTable {
+    prefix: String,
     name: String,
 }
 
@@ -146,6 +149,7 @@ impl LeaseTable {
             return refuse("with \"leases\" it is longer than PostgreSQL's 63-byte identifiers");
         }
         Ok(LeaseTable {
+            prefix: prefix.to_owned(),
             name: format!("{prefix}{TABLE_SUFFIX}"),
         })
     }
@@ -159,6 +163,13 @@ impl LeaseTable {
     /// the name holds no quote (checked in [`new`](Self::new)).
     pub(super) fn quoted(&self) -> String {
         format!("\"{}\"", self.name)
+    }
+
+    /// The bare name of the table that goes with this one under `suffix` (at most as long as
+    /// "leases", so that it fits wherever the lease table's name does).
+    pub(super) fn companion(&self, suffix: &str) -> String {
+        debug_assert!(suffix.len() <= TABLE_SUFFIX.len());
+        format!("{}{suffix}", self.prefix)
     }
 }
 

@@ -19,7 +19,9 @@
 //!   the server is not asked for a connection by every call.
 //!
 //! Reconnections are made one at a time (the state's lock is held across the attempt), so that
-//! calls arriving together share one connection instead of opening one each.
+//! calls arriving together share one connection instead of opening one each. A new connection
+//! runs the store's `on_connect` statement before any call uses it: a server that restarted
+//! (after which every connection is new) gets checked before the first lease statement.
 //!
 //! The statement timeout is the heartbeat: the lease outlasts three of them, so a renewal that
 //! times out leaves time for the next one, on a new connection, before the lease runs out.
@@ -44,6 +46,8 @@ pub(super) struct StatementLink {
     server: Server,
     application_name: String,
     statement_timeout: Duration,
+    /// Run on each new connection before any call (simple protocol, no parameters).
+    on_connect: String,
     state: Mutex<LinkState>,
 }
 
@@ -78,11 +82,12 @@ impl Driven {
 
 impl StatementLink {
     /// Takes over a connection that has just been made, and drives it; returns its client too,
-    /// for the store to set up its table before any call.
+    /// for the store to set up its tables (and run `on_connect` itself) before any call.
     pub(super) fn start(
         server: Server,
         application_name: String,
         statement_timeout: Duration,
+        on_connect: String,
         client: Client,
         connection: PgConnection,
     ) -> (Self, Arc<Client>) {
@@ -97,6 +102,7 @@ impl StatementLink {
             server,
             application_name,
             statement_timeout,
+            on_connect,
             state: Mutex::new(state),
         };
         (link, client)
@@ -149,10 +155,9 @@ impl StatementLink {
                 retry_in: state.retry_at - now,
             });
         }
-        match self.server.open(&self.application_name).await {
-            Ok((client, connection)) => {
+        match self.open().await {
+            Ok(driven) => {
                 tracing::debug!(server = self.server.name(), "lease store: reconnected");
-                let driven = Driven::spawn(client, connection);
                 let client = Arc::clone(&driven.client);
                 state.connection = Some(driven);
                 state.backoff.reset();
@@ -160,7 +165,49 @@ impl StatementLink {
             }
             Err(error) => {
                 state.retry_at = Instant::now() + state.backoff.next_delay();
-                Err(LeaseError::Reconnect(error))
+                Err(error)
+            }
+        }
+    }
+
+    /// A new connection, driven, once `on_connect` has run on it.
+    async fn open(&self) -> Result<Driven, LeaseError> {
+        let (client, connection) = self
+            .server
+            .open(&self.application_name)
+            .await
+            .map_err(LeaseError::Reconnect)?;
+        let driven = Driven::spawn(client, connection);
+        let setup = driven.client.batch_execute(&self.on_connect);
+        match tokio::time::timeout(self.statement_timeout, setup).await {
+            Ok(Ok(())) => Ok(driven),
+            // The connection is not kept: a later call opens another and tries again.
+            Ok(Err(error)) => {
+                driven.driver.abort();
+                Err(LeaseError::Statement(error))
+            }
+            Err(_elapsed) => {
+                driven.driver.abort();
+                Err(LeaseError::Timeout {
+                    after: self.statement_timeout,
+                })
+            }
+        }
+    }
+
+    /// Runs `on_connect` again on the live connection: for a caller that found the state it
+    /// sets up missing (a pooler in between can hide a server restart from this link).
+    pub(super) async fn run_on_connect(&self) -> Result<(), LeaseError> {
+        let client = self.client().await?;
+        let setup = client.batch_execute(&self.on_connect);
+        match tokio::time::timeout(self.statement_timeout, setup).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(LeaseError::Statement(error)),
+            Err(_elapsed) => {
+                self.forget(&client).await;
+                Err(LeaseError::Timeout {
+                    after: self.statement_timeout,
+                })
             }
         }
     }

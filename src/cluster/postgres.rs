@@ -116,10 +116,11 @@ impl PgLeaseStore {
             server.clone(),
             statements_name,
             checked.heartbeat,
+            statements.check_run.clone(),
             client,
             connection,
         );
-        let setup = set_up_table(&client, &checked.table, &statements, &owner, lease_millis);
+        let setup = set_up_tables(&client, &checked.table, &statements, &owner, lease_millis);
         match tokio::time::timeout(server.connect_timeout(), setup).await {
             Ok(result) => result?,
             Err(_elapsed) => return Err(server.timed_out()),
@@ -182,13 +183,26 @@ impl StoreCore {
         keys.sort_unstable();
         let values = self.values(keys, Vec::new());
         let statements = &self.statements;
-        let rows = self
-            .query_one_or_many(
+        let acquire = || {
+            self.query_one_or_many(
                 batch.len(),
                 (&statements.acquire_one, values.acquire_one()),
                 (&statements.acquire, values.acquire()),
             )
-            .await?;
+        };
+        let rows = match acquire().await {
+            // No floor: `run` lost its row in a crash that this connection did not see (a
+            // pooler in between kept it open). Check `run`, as a new connection does, and try
+            // once more.
+            Err(LeaseError::Statement(error))
+                if error.code() == Some(&SqlState::NOT_NULL_VIOLATION) =>
+            {
+                tracing::info!(%error, "lease store: no fence floor; checking for a crash");
+                self.link.run_on_connect().await?;
+                acquire().await?
+            }
+            answer => answer?,
+        };
         let mut taken = HashMap::with_capacity(rows.len());
         for row in &rows {
             taken.insert(key_of(row)?, fence_of(row)?);
@@ -337,7 +351,19 @@ struct Statements {
     release_one: String,
     /// `$1` owner, `$2` channel. Returns a row per lease released (invariant 4).
     release_all: String,
+    /// `$1` this store's lease in milliseconds. Makes the row of `{prefix}fences` if missing,
+    /// with `run`'s row beside it, and records the longest lease. At connect.
+    record_store: String,
+    /// No parameters. Raises the fence floor and starts the quiet time if the server has
+    /// crashed since `run`'s row was made. On every new connection.
+    check_run: String,
 }
+
+/// The table of the fence floor and the longest lease: one row, kept durably.
+const FENCES_SUFFIX: &str = "fences";
+/// The table of the floor in force since the server last started, and the quiet time after a
+/// crash: one row, unlogged, so that crash recovery empties it.
+const RUN_SUFFIX: &str = "run";
 
 /// What the statements' placeholders take, and each statement's list of them in the order of
 /// its `$n`: the one place that matches the text of [`Statements`], for the store and the
@@ -403,41 +429,60 @@ impl Values<'_> {
     }
 }
 
+/// How much the fence floor rises when the server is found to have crashed: more than the
+/// acquisitions of one key that a crash can lose (see the module's "Commits").
+const FLOOR_RISE_AFTER_CRASH: i64 = 1 << 24;
+
 impl Statements {
     fn for_table(table: &LeaseTable) -> Self {
+        let fences = format!("\"{}\"", table.companion(FENCES_SUFFIX));
+        let run = format!("\"{}\"", table.companion(RUN_SUFFIX));
         let table = table.quoted();
+        // The lease statements' commits do not wait for the disk. Set in the statement's own
+        // transaction (`is_local`), so no connection keeps the setting and a pooler in between
+        // cannot lose it; the commit reads it at its end.
+        let async_commit = "set_config('synchronous_commit', 'off', true)";
+        // What acquire does to a row that exists (the first acquisition inserts it at the
+        // floor): invariants 1 and 2.
+        let take_over = "ON CONFLICT (key) DO UPDATE \
+             SET owner = excluded.owner, fence = GREATEST(held.fence + 1, excluded.fence), \
+                 expires_at = excluded.expires_at \
+             WHERE held.owner IS NULL OR held.owner = excluded.owner \
+                OR held.expires_at <= clock_timestamp() \
+             RETURNING key, fence";
+        // No row in `run` (the server lost it and nobody has checked since) makes the floor
+        // NULL, which the fence column refuses: an error, never a fence below the floor. In
+        // the quiet time after a crash nothing is acquired.
+        let from_run = format!(
+            "LEFT JOIN {run} AS run ON true \
+             WHERE run.quiet_until IS NULL OR run.quiet_until <= clock_timestamp()"
+        );
         Statements {
             // "Ours" too: an acquire of ours that was applied but whose reply was lost must not
             // block the key until it runs out. Taking it again with a new fence is safe: the
             // old fence was never handed to anyone.
             acquire: format!(
                 "INSERT INTO {table} AS held (key, owner, fence, expires_at) \
-                 SELECT asked.key, $2, 1, clock_timestamp() + $3 * interval '1 millisecond' \
+                 SELECT asked.key, $2, run.floor, \
+                        clock_timestamp() + $3 * interval '1 millisecond' \
                  FROM unnest($1::text[]) WITH ORDINALITY AS asked(key, position) \
+                 {from_run} \
                  ORDER BY asked.position \
-                 ON CONFLICT (key) DO UPDATE \
-                 SET owner = excluded.owner, fence = held.fence + 1, \
-                     expires_at = excluded.expires_at \
-                 WHERE held.owner IS NULL OR held.owner = excluded.owner \
-                    OR held.expires_at <= clock_timestamp() \
-                 RETURNING key, fence"
+                 {take_over}, {async_commit}"
             ),
             acquire_one: format!(
                 "INSERT INTO {table} AS held (key, owner, fence, expires_at) \
-                 VALUES ($1, $2, 1, clock_timestamp() + $3 * interval '1 millisecond') \
-                 ON CONFLICT (key) DO UPDATE \
-                 SET owner = excluded.owner, fence = held.fence + 1, \
-                     expires_at = excluded.expires_at \
-                 WHERE held.owner IS NULL OR held.owner = excluded.owner \
-                    OR held.expires_at <= clock_timestamp() \
-                 RETURNING key, fence"
+                 SELECT $1, $2, run.floor, clock_timestamp() + $3 * interval '1 millisecond' \
+                 FROM (VALUES (1)) AS asked(one) \
+                 {from_run} \
+                 {take_over}, {async_commit}"
             ),
             renew: format!(
                 "UPDATE {table} \
                  SET expires_at = clock_timestamp() + $4 * interval '1 millisecond' \
                  WHERE key = $1 AND owner = $2 AND fence = $3 \
                    AND expires_at > clock_timestamp() \
-                 RETURNING fence"
+                 RETURNING fence, {async_commit}"
             ),
             // A data-modifying WITH runs to completion once, and `pg_notify` runs for each row
             // it returns, in the same statement and so the same transaction.
@@ -452,21 +497,56 @@ impl Statements {
                    UPDATE {table} AS held SET owner = NULL, expires_at = clock_timestamp() \
                    FROM ours WHERE held.key = ours.key \
                    RETURNING held.key) \
-                 SELECT key, pg_notify($4, key)::text FROM released"
+                 SELECT key, pg_notify($4, key)::text, {async_commit} FROM released"
             ),
             release_one: format!(
                 "WITH released AS ( \
                    UPDATE {table} SET owner = NULL, expires_at = clock_timestamp() \
                    WHERE key = $1 AND owner = $2 AND fence = $3 \
                    RETURNING key) \
-                 SELECT key, pg_notify($4, key)::text FROM released"
+                 SELECT key, pg_notify($4, key)::text, {async_commit} FROM released"
             ),
             release_all: format!(
                 "WITH released AS ( \
                    UPDATE {table} SET owner = NULL, expires_at = clock_timestamp() \
                    WHERE owner = $1 \
                    RETURNING key) \
-                 SELECT pg_notify($2, key) FROM released"
+                 SELECT pg_notify($2, key), {async_commit} FROM released"
+            ),
+            // The row of a table new to `fences` starts `run` at floor 1: nothing was ever
+            // committed without waiting for the disk, so nothing can have been lost. A store
+            // with a longer lease than any before raises `longest_lease_ms`.
+            record_store: format!(
+                "WITH recorded AS ( \
+                   INSERT INTO {fences} AS fences (one_row, floor, longest_lease_ms) \
+                   VALUES (true, 1, $1) \
+                   ON CONFLICT (one_row) DO UPDATE \
+                   SET longest_lease_ms = \
+                       GREATEST(fences.longest_lease_ms, excluded.longest_lease_ms) \
+                   RETURNING floor, xmax = 0 AS created, \
+                             set_config('synchronous_commit', 'on', true)) \
+                 INSERT INTO {run} (one_row, floor, quiet_until) \
+                 SELECT true, floor, clock_timestamp() FROM recorded WHERE created \
+                 ON CONFLICT (one_row) DO NOTHING"
+            ),
+            // `run` is unlogged: crash recovery empties it, and only crash recovery (a clean
+            // shutdown keeps it). Finding it empty, raise the floor above every fence the
+            // crash may have lost, durably (`synchronous_commit` on) before any acquisition can
+            // read it, and keep keys quiet for the longest lease any store has used.
+            check_run: format!(
+                "WITH raised AS ( \
+                   UPDATE {fences} \
+                   SET floor = GREATEST(floor, \
+                       (SELECT coalesce(max(fence), 0) FROM {table})) \
+                       + {FLOOR_RISE_AFTER_CRASH} \
+                   WHERE NOT EXISTS (SELECT FROM {run}) \
+                   RETURNING floor, longest_lease_ms, \
+                             set_config('synchronous_commit', 'on', true)) \
+                 INSERT INTO {run} (one_row, floor, quiet_until) \
+                 SELECT true, floor, \
+                        clock_timestamp() + longest_lease_ms * interval '1 millisecond' \
+                 FROM raised \
+                 ON CONFLICT (one_row) DO NOTHING"
             ),
         }
     }
@@ -481,53 +561,101 @@ fn fence_of(row: &Row) -> Result<Fence, LeaseError> {
         .ok_or(LeaseError::BadFence(fence))
 }
 
-/// Creates the table if missing, then runs every statement once in a transaction that is rolled
-/// back: a missing privilege, a read-only server or a table of another shape shows now, as a
-/// [`ClusterError`], rather than at the first lease.
-async fn set_up_table(
+/// Creates the tables if missing, records this store in `fences` and checks `run`, then runs
+/// every statement once in a transaction that is rolled back: a missing privilege, a read-only
+/// server or a table of another shape shows now, as a [`ClusterError`], rather than at the
+/// first lease.
+async fn set_up_tables(
     client: &Arc<Client>,
     table: &LeaseTable,
     statements: &Statements,
     owner: &str,
     lease_millis: i64,
 ) -> Result<(), ClusterError> {
-    let name = table.quoted();
-    let exists = client
-        .query_typed_one("SELECT to_regclass($1) IS NOT NULL", &[(&name, Type::TEXT)])
-        .await
-        .and_then(|row| row.try_get::<_, bool>(0))
-        .map_err(|error| refusal(table, "looking for table", error))?;
-    if !exists {
-        // `CREATE TABLE IF NOT EXISTS` needs the schema's CREATE privilege even when the table
-        // exists; asking first lets a role without it use a table made for it.
-        let create = format!(
-            "CREATE TABLE IF NOT EXISTS {name} ( \
-               key text PRIMARY KEY, \
-               owner text, \
-               fence bigint NOT NULL CHECK (fence > 0), \
-               expires_at timestamptz NOT NULL)"
-        );
-        match client.batch_execute(&create).await {
-            Ok(()) => {}
-            // Two stores creating the table at once: one of them fails on the catalog's
-            // unique index or on its type's name, and the table is there all the same.
-            Err(error)
-                if error.code() == Some(&SqlState::UNIQUE_VIOLATION)
-                    || error.code() == Some(&SqlState::DUPLICATE_TABLE)
-                    || error.code() == Some(&SqlState::DUPLICATE_OBJECT) => {}
-            Err(error) => return Err(refusal(table, "creating table", error)),
-        }
+    let leases = table.name().to_owned();
+    let fences = table.companion(FENCES_SUFFIX);
+    let run = table.companion(RUN_SUFFIX);
+    let columns = [
+        (
+            &leases,
+            "",
+            "key text PRIMARY KEY, owner text, fence bigint NOT NULL CHECK (fence > 0), \
+             expires_at timestamptz NOT NULL",
+        ),
+        (
+            &fences,
+            "",
+            "one_row boolean PRIMARY KEY CHECK (one_row), \
+             floor bigint NOT NULL CHECK (floor > 0), longest_lease_ms bigint NOT NULL",
+        ),
+        (
+            &run,
+            "UNLOGGED",
+            "one_row boolean PRIMARY KEY CHECK (one_row), floor bigint NOT NULL, \
+             quiet_until timestamptz NOT NULL",
+        ),
+    ];
+    for (name, kind, columns) in columns {
+        create_if_missing(client, name, kind, columns).await?;
     }
+
+    client
+        .query_typed(&statements.record_store, &[(&lease_millis, Type::INT8)])
+        .await
+        .map_err(|error| refusal(&fences, "recording the lease in", error))?;
+    // It reads the lease table too (its highest fence), and fails on any of the three.
+    client
+        .batch_execute(&statements.check_run)
+        .await
+        .map_err(|error| refusal(&format!("{leases}, {fences} or {run}"), "checking", error))?;
 
     client
         .batch_execute("BEGIN")
         .await
-        .map_err(|error| refusal(table, "checking table", error))?;
+        .map_err(|error| refusal(&leases, "checking table", error))?;
     let probe = probe(client, table, statements, owner, lease_millis).await;
     let rollback = client.batch_execute("ROLLBACK").await;
     probe
         .and(rollback)
-        .map_err(|error| refusal(table, "checking table", error))
+        .map_err(|error| refusal(&leases, "checking table", error))
+}
+
+/// Creates table `name` (a checked identifier) of `kind` ("" or "UNLOGGED") with `columns`,
+/// unless it exists.
+async fn create_if_missing(
+    client: &Client,
+    name: &str,
+    kind: &str,
+    columns: &str,
+) -> Result<(), ClusterError> {
+    let quoted = format!("\"{name}\"");
+    let exists = client
+        .query_typed_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[(&quoted, Type::TEXT)],
+        )
+        .await
+        .and_then(|row| row.try_get::<_, bool>(0))
+        .map_err(|error| refusal(name, "looking for table", error))?;
+    if exists {
+        return Ok(());
+    }
+    // `CREATE TABLE IF NOT EXISTS` needs the schema's CREATE privilege even when the table
+    // exists; asking first lets a role without it use tables made for it.
+    let create = format!("CREATE {kind} TABLE IF NOT EXISTS {quoted} ({columns})");
+    match client.batch_execute(&create).await {
+        Ok(()) => Ok(()),
+        // Two stores creating the table at once: one of them fails on the catalog's unique
+        // index or on its type's name, and the table is there all the same.
+        Err(error)
+            if error.code() == Some(&SqlState::UNIQUE_VIOLATION)
+                || error.code() == Some(&SqlState::DUPLICATE_TABLE)
+                || error.code() == Some(&SqlState::DUPLICATE_OBJECT) =>
+        {
+            Ok(())
+        }
+        Err(error) => Err(refusal(name, "creating table", error)),
+    }
 }
 
 /// Runs every statement on a key of our own (nobody else's row is touched).
@@ -567,16 +695,17 @@ async fn probe(
     Ok(())
 }
 
-/// The [`ClusterError`] for the server's refusal of `action` on `table`.
-fn refusal(table: &LeaseTable, action: &str, error: tokio_postgres::Error) -> ClusterError {
+/// The [`ClusterError`] for the server's refusal of `action` on table `name` (or on one of the
+/// tables it lists).
+fn refusal(name: &str, action: &str, error: tokio_postgres::Error) -> ClusterError {
     if error.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
         ClusterError::MissingPermission {
-            table: table.name().to_owned(),
+            table: name.to_owned(),
             source: Box::new(error),
         }
     } else {
         ClusterError::Database {
-            action: format!("{action} {:?}", table.name()),
+            action: format!("{action} {name:?}"),
             source: Box::new(error),
         }
     }

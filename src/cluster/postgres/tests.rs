@@ -23,7 +23,7 @@ use crate::cluster::lease_store::contract::{
 };
 use crate::cluster::lease_store::{Fence, LeaseNotice, LeaseStore};
 use crate::cluster::notices::LeaseNotices;
-use crate::cluster::postgres::PgLeaseStore;
+use crate::cluster::postgres::{FLOOR_RISE_AFTER_CRASH, PgLeaseStore};
 
 /// The role the permission tests connect as.
 const NO_PRIVILEGES_ROLE: &str = "kl_test_no_privileges";
@@ -65,11 +65,13 @@ async fn admin() -> Client {
     client
 }
 
-/// Drops the test's table, so that it starts from nothing.
+/// Drops the test's tables, so that it starts from nothing.
 async fn fresh_table(prefix: &str) -> Client {
     let admin = admin().await;
     admin
-        .batch_execute(&format!("DROP TABLE IF EXISTS \"{prefix}leases\""))
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS \"{prefix}leases\", \"{prefix}fences\", \"{prefix}run\""
+        ))
         .await
         .expect("the test table can be dropped");
     admin
@@ -481,7 +483,11 @@ async fn a_role_without_privileges_on_the_table_gets_a_permission_error_naming_i
     let admin = fresh_table(prefix).await;
     no_privileges_role(&admin).await;
     drop(store(&config(prefix)).await);
-    let revoke = format!("REVOKE ALL ON \"{prefix}leases\" FROM PUBLIC, {NO_PRIVILEGES_ROLE}");
+    // Rights on the two other tables, none on the lease table: the error names the one.
+    let revoke = format!(
+        "GRANT ALL ON \"{prefix}fences\", \"{prefix}run\" TO {NO_PRIVILEGES_ROLE}; \
+         REVOKE ALL ON \"{prefix}leases\" FROM PUBLIC, {NO_PRIVILEGES_ROLE}"
+    );
     admin.batch_execute(&revoke).await.expect("revoke");
     let config = PgLeaseConfig {
         url: url_with(&format!("user={NO_PRIVILEGES_ROLE}")),
@@ -509,7 +515,8 @@ async fn a_role_that_cannot_create_the_table_gets_a_permission_error_naming_it()
         "CREATE SCHEMA IF NOT EXISTS kl_test_locked; \
          REVOKE CREATE ON SCHEMA kl_test_locked FROM PUBLIC; \
          GRANT USAGE ON SCHEMA kl_test_locked TO {NO_PRIVILEGES_ROLE}; \
-         DROP TABLE IF EXISTS kl_test_locked.\"{prefix}leases\""
+         DROP TABLE IF EXISTS kl_test_locked.\"{prefix}leases\", \
+             kl_test_locked.\"{prefix}fences\", kl_test_locked.\"{prefix}run\""
     );
     admin
         .batch_execute(&setup)
@@ -612,4 +619,123 @@ async fn calls_made_together_share_a_statement_and_keep_their_own_answers() {
             assert_eq!(fence, 1);
         }
     }
+}
+
+// Crashes. Crash recovery empties the unlogged `run` table and ends every connection; the tests
+// do both by hand, which is what a crash does to the store's tables and links, without
+// stopping the server the other tests share (`.ci/crash-test` stops it for real).
+
+/// What crash recovery leaves of `prefix`'s tables: `run` empty, the rest as it was.
+async fn empty_run(admin: &Client, prefix: &str) {
+    admin
+        .batch_execute(&format!("TRUNCATE \"{prefix}run\""))
+        .await
+        .expect("run can be emptied");
+}
+
+/// Tries to acquire `key` until it is granted, failing after `bound`: the fence, and how long
+/// it took.
+async fn acquired_within(store: &PgLeaseStore, key: &str, bound: Duration) -> (Fence, Duration) {
+    let started = Instant::now();
+    loop {
+        match store.acquire(key).await {
+            Ok(Some(fence)) => return (fence, started.elapsed()),
+            Ok(None) => {}
+            Err(error) => panic!("acquire of {key:?}: {error}"),
+        }
+        assert!(
+            started.elapsed() < bound,
+            "{key:?} not granted in {bound:?}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn after_a_crash_every_fence_is_above_any_the_crash_could_have_lost_and_keys_wait_a_lease() {
+    let prefix = "kl_test_crash_floor_";
+    let admin = fresh_table(prefix).await;
+    let lease = Duration::from_millis(900);
+    let (store, _notices) = store(&lease_config(prefix, lease)).await;
+    let mut before = 0;
+    for _ in 0..3 {
+        before = acquired(&store, "k").await;
+        assert_eq!(store.release("k", before).await.ok(), Some(true));
+    }
+    assert_eq!(before, 3, "a table new to the store starts at 1");
+
+    empty_run(&admin, prefix).await;
+    terminate(&admin, &statements_name(&store)).await;
+    eventually("the store sees its connection lost", || {
+        store.core.link.is_known_lost()
+    })
+    .await;
+    // The crash may have lost up to `rise - 1` acquisitions of "k" after fence 3, and the
+    // whole row of a key first taken just before it.
+    let (after, waited) = acquired_within(&store, "k", BOUND).await;
+    let (new_key, _) = acquired_within(&store, "new", BOUND).await;
+    let rise = Fence::try_from(FLOOR_RISE_AFTER_CRASH).unwrap();
+    assert!(after >= before + rise, "{after} after {before}");
+    assert!(new_key >= before + rise, "{new_key} after {before}");
+    // Nothing is granted until the longest lease has passed since the crash was found: a
+    // holder whose last renewal the crash lost has given up by then.
+    assert!(
+        waited >= lease,
+        "granted after {waited:?} of a {lease:?} lease"
+    );
+    assert_eq!(
+        acquired(&store, "k").await,
+        after + 1,
+        "one by one again after the rise"
+    );
+}
+
+#[tokio::test]
+async fn a_crash_that_a_connection_outlived_is_found_by_the_next_acquisition() {
+    let prefix = "kl_test_crash_pooler_";
+    let admin = fresh_table(prefix).await;
+    let lease = Duration::from_millis(900);
+    let (store, _notices) = store(&lease_config(prefix, lease)).await;
+    let before = acquired(&store, "k").await;
+    assert_eq!(store.release("k", before).await.ok(), Some(true));
+    // As behind a pooler that reconnected to the restarted server: the store's connection
+    // lives on, and only the missing floor tells.
+    empty_run(&admin, prefix).await;
+    assert_eq!(
+        store.acquire("k").await.ok(),
+        Some(None),
+        "quiet after a crash"
+    );
+    let (after, _) = acquired_within(&store, "k", BOUND).await;
+    assert!(after >= before + Fence::try_from(FLOOR_RISE_AFTER_CRASH).unwrap());
+}
+
+#[tokio::test]
+async fn a_clean_reconnection_keeps_the_floor_and_keys_free() {
+    let prefix = "kl_test_crash_none_";
+    let admin = fresh_table(prefix).await;
+    let (store, _notices) = store(&config(prefix)).await;
+    let before = acquired(&store, "k").await;
+    assert_eq!(store.release("k", before).await.ok(), Some(true));
+    terminate(&admin, &statements_name(&store)).await;
+    eventually("the store sees its connection lost", || {
+        store.core.link.is_known_lost()
+    })
+    .await;
+    assert_eq!(store.acquire("k").await.ok(), Some(Some(before + 1)));
+}
+
+#[tokio::test]
+async fn the_quiet_time_after_a_crash_lasts_the_longest_lease_any_store_has_used() {
+    let prefix = "kl_test_crash_longest_";
+    let admin = fresh_table(prefix).await;
+    let short = Duration::from_millis(600);
+    drop(store(&lease_config(prefix, Duration::from_secs(5))).await);
+    let (store, _notices) = store(&lease_config(prefix, short)).await;
+    empty_run(&admin, prefix).await;
+    let (_, waited) = acquired_within(&store, "k", BOUND).await;
+    assert!(
+        waited >= Duration::from_secs(5),
+        "granted after {waited:?}, within the 5 s lease of a store before"
+    );
 }
