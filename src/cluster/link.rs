@@ -26,8 +26,9 @@
 //! The statement timeout is the heartbeat: the lease outlasts three of them, so a renewal that
 //! times out leaves time for the next one, on a new connection, before the lease runs out.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Mutex;
@@ -35,7 +36,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_postgres::error::Severity;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row};
+use tokio_postgres::{Client, Row, Statement};
 
 use super::backoff::Backoff;
 use super::connection::{PgConnection, Server};
@@ -60,8 +61,51 @@ struct LinkState {
 
 /// A client and the task that drives its connection.
 struct Driven {
-    client: Arc<Client>,
+    session: Arc<Session>,
     driver: AbortHandle,
+}
+
+/// A connection's client and the statements prepared on it, by their text.
+struct Session {
+    client: Arc<Client>,
+    prepared: std::sync::Mutex<HashMap<String, Statement>>,
+}
+
+impl Session {
+    /// `text` prepared on this connection with the types of `params`: once per connection, so
+    /// that the server parses and plans each statement once, not at every call.
+    async fn prepared(
+        &self,
+        text: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Statement, tokio_postgres::Error> {
+        let known = self
+            .prepared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(text)
+            .cloned();
+        if let Some(statement) = known {
+            return Ok(statement);
+        }
+        let types: Vec<Type> = params.iter().map(|(_, kind)| kind.clone()).collect();
+        let statement = self.client.prepare_typed(text, &types).await?;
+        self.prepared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(text.to_owned(), statement.clone());
+        Ok(statement)
+    }
+
+    async fn query(
+        &self,
+        text: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let statement = self.prepared(text, params).await?;
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(value, _)| *value).collect();
+        self.client.query(&statement, &values).await
+    }
 }
 
 impl Driven {
@@ -74,7 +118,10 @@ impl Driven {
             }
         });
         Driven {
-            client: Arc::new(client),
+            session: Arc::new(Session {
+                client: Arc::new(client),
+                prepared: std::sync::Mutex::default(),
+            }),
             driver: driver.abort_handle(),
         }
     }
@@ -92,7 +139,7 @@ impl StatementLink {
         connection: PgConnection,
     ) -> (Self, Arc<Client>) {
         let driven = Driven::spawn(client, connection);
-        let client = Arc::clone(&driven.client);
+        let client = Arc::clone(&driven.session.client);
         let state = LinkState {
             connection: Some(driven),
             retry_at: Instant::now(),
@@ -115,22 +162,19 @@ impl StatementLink {
         statement: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, LeaseError> {
-        let client = self.client().await?;
-        let reply = tokio::time::timeout(
-            self.statement_timeout,
-            client.query_typed(statement, params),
-        );
+        let session = self.session().await?;
+        let reply = tokio::time::timeout(self.statement_timeout, session.query(statement, params));
         match reply.await {
             Ok(Ok(rows)) => Ok(rows),
-            Ok(Err(error)) if connection_is_gone(&error) || client.is_closed() => {
-                self.forget(&client).await;
+            Ok(Err(error)) if connection_is_gone(&error) || session.client.is_closed() => {
+                self.forget(&session).await;
                 Err(LeaseError::ConnectionLost(error))
             }
             Ok(Err(error)) => Err(LeaseError::Statement(error)),
             Err(_elapsed) => {
                 // A connection that stalls one statement stalls every one behind it (replies
                 // come in order): drop it, and the next call starts afresh.
-                self.forget(&client).await;
+                self.forget(&session).await;
                 Err(LeaseError::Timeout {
                     after: self.statement_timeout,
                 })
@@ -138,12 +182,12 @@ impl StatementLink {
         }
     }
 
-    /// The live client, after reconnecting if the connection is known lost.
-    async fn client(&self) -> Result<Arc<Client>, LeaseError> {
+    /// The live connection, after reconnecting if it is known lost.
+    async fn session(&self) -> Result<Arc<Session>, LeaseError> {
         let mut state = self.state.lock().await;
         if let Some(driven) = &state.connection {
-            if !driven.client.is_closed() {
-                return Ok(Arc::clone(&driven.client));
+            if !driven.session.client.is_closed() {
+                return Ok(Arc::clone(&driven.session));
             }
             // The driver saw it end: the first attempt after a loss is made at once.
             state.connection = None;
@@ -158,10 +202,10 @@ impl StatementLink {
         match self.open().await {
             Ok(driven) => {
                 tracing::debug!(server = self.server.name(), "lease store: reconnected");
-                let client = Arc::clone(&driven.client);
+                let session = Arc::clone(&driven.session);
                 state.connection = Some(driven);
                 state.backoff.reset();
-                Ok(client)
+                Ok(session)
             }
             Err(error) => {
                 state.retry_at = Instant::now() + state.backoff.next_delay();
@@ -178,7 +222,7 @@ impl StatementLink {
             .await
             .map_err(LeaseError::Reconnect)?;
         let driven = Driven::spawn(client, connection);
-        let setup = driven.client.batch_execute(&self.on_connect);
+        let setup = driven.session.client.batch_execute(&self.on_connect);
         match tokio::time::timeout(self.statement_timeout, setup).await {
             Ok(Ok(())) => Ok(driven),
             // The connection is not kept: a later call opens another and tries again.
@@ -198,13 +242,13 @@ impl StatementLink {
     /// Runs `on_connect` again on the live connection: for a caller that found the state it
     /// sets up missing (a pooler in between can hide a server restart from this link).
     pub(super) async fn run_on_connect(&self) -> Result<(), LeaseError> {
-        let client = self.client().await?;
-        let setup = client.batch_execute(&self.on_connect);
+        let session = self.session().await?;
+        let setup = session.client.batch_execute(&self.on_connect);
         match tokio::time::timeout(self.statement_timeout, setup).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(error)) => Err(LeaseError::Statement(error)),
             Err(_elapsed) => {
-                self.forget(&client).await;
+                self.forget(&session).await;
                 Err(LeaseError::Timeout {
                     after: self.statement_timeout,
                 })
@@ -212,13 +256,13 @@ impl StatementLink {
         }
     }
 
-    /// Drops the connection of `client`, unless another call has already replaced it.
-    async fn forget(&self, client: &Arc<Client>) {
+    /// Drops the connection of `session`, unless another call has already replaced it.
+    async fn forget(&self, session: &Arc<Session>) {
         let mut state = self.state.lock().await;
         if state
             .connection
             .as_ref()
-            .is_some_and(|driven| Arc::ptr_eq(&driven.client, client))
+            .is_some_and(|driven| Arc::ptr_eq(&driven.session, session))
         {
             if let Some(driven) = state.connection.take() {
                 driven.driver.abort();
@@ -234,7 +278,7 @@ impl StatementLink {
         state
             .connection
             .as_ref()
-            .is_none_or(|driven| driven.client.is_closed())
+            .is_none_or(|driven| driven.session.client.is_closed())
     }
 }
 
