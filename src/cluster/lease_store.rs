@@ -39,9 +39,11 @@ pub(super) fn check_key(key: &str) -> Result<(), LeaseError> {
 /// once when it is made, not passed per call: a length per call would skip the check that the
 /// heartbeat can keep it.
 ///
-/// A lease ends by [`release`](LeaseStore::release) or by running out; only a release is
-/// announced on the store's [`LeaseNotices`](super::notices::LeaseNotices), so a waiter must
-/// also retry when the holder's lease would run out.
+/// A lease ends by [`release`](LeaseStore::release) or by running out. A release is announced
+/// on every store's [`LeaseNotices`](super::notices::LeaseNotices) if an `acquire` was refused
+/// the key while the lease was held (a store may announce other releases too); a lease that
+/// runs out is not announced, so a waiter must also retry when the holder's lease would run
+/// out.
 ///
 /// # Errors
 ///
@@ -51,7 +53,8 @@ pub(super) fn check_key(key: &str) -> Result<(), LeaseError> {
 /// a new fence; a `renew` or `release` with an outdated fence changes nothing.
 pub(crate) trait LeaseStore: Send + Sync + 'static {
     /// Takes the lease of `key` if it is free, expired, or already ours (an earlier acquire
-    /// whose reply was lost): `Some(new fence)` if taken, `None` if someone else holds it.
+    /// whose reply was lost): `Some(new fence)` if taken, `None` if someone else holds it (and
+    /// then its release will be announced).
     fn acquire(&self, key: &str) -> impl Future<Output = Result<Option<Fence>, LeaseError>> + Send;
 
     /// Extends our live lease by the store's lease length from now; `false` when it is no

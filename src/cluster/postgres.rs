@@ -205,7 +205,10 @@ impl StoreCore {
         };
         let mut taken = HashMap::with_capacity(rows.len());
         for row in &rows {
-            taken.insert(key_of(row)?, fence_of(row)?);
+            // The others were marked wanted.
+            if row.try_get("taken").map_err(LeaseError::Statement)? {
+                taken.insert(key_of(row)?, fence_of(row)?);
+            }
         }
         Ok(batch
             .iter()
@@ -443,19 +446,36 @@ impl Statements {
         // cannot lose it; the commit reads it at its end.
         let async_commit = "set_config('synchronous_commit', 'off', true)";
         // What acquire does to a row that exists (the first acquisition inserts it at the
-        // floor): invariants 1 and 2.
-        let take_over = "ON CONFLICT (key) DO UPDATE \
-             SET owner = excluded.owner, fence = GREATEST(held.fence + 1, excluded.fence), \
-                 expires_at = excluded.expires_at \
-             WHERE held.owner IS NULL OR held.owner = excluded.owner \
-                OR held.expires_at <= clock_timestamp() \
-             RETURNING key, fence";
+        // floor): take it if free, expired or ours (invariants 1, 2), or else mark it wanted,
+        // so that its release is announced (invariant 4). `free` is evaluated once per row: a
+        // clock read per column could take the row without raising its fence.
+        let take_or_want = "ON CONFLICT (key) DO UPDATE \
+             SET (owner, fence, expires_at, wanted) = ( \
+               SELECT CASE WHEN free THEN excluded.owner ELSE held.owner END, \
+                      CASE WHEN free THEN GREATEST(held.fence + 1, excluded.fence) \
+                           ELSE held.fence END, \
+                      CASE WHEN free THEN excluded.expires_at ELSE held.expires_at END, \
+                      NOT free \
+               FROM (SELECT held.owner IS NULL OR held.owner = excluded.owner \
+                            OR held.expires_at <= clock_timestamp() AS free) AS decided) \
+             RETURNING key, fence, owner = $2 AS taken";
         // No row in `run` (the server lost it and nobody has checked since) makes the floor
         // NULL, which the fence column refuses: an error, never a fence below the floor. In
         // the quiet time after a crash nothing is acquired.
         let from_run = format!(
             "LEFT JOIN {run} AS run ON true \
              WHERE run.quiet_until IS NULL OR run.quiet_until <= clock_timestamp()"
+        );
+        // A release announces itself only if an acquisition was refused the key since it was
+        // taken (`wanted`, read under the row's lock before the release clears it).
+        let announce = "CASE WHEN wanted THEN pg_notify($4, key)::text END";
+        let announce_all = "CASE WHEN wanted THEN pg_notify($2, key)::text END";
+        let released = format!(
+            "released AS ( \
+               UPDATE {table} AS held \
+               SET owner = NULL, expires_at = clock_timestamp(), wanted = false \
+               FROM ours WHERE held.key = ours.key \
+               RETURNING held.key, ours.wanted)"
         );
         Statements {
             // "Ours" too: an acquire of ours that was applied but whose reply was lost must not
@@ -468,14 +488,14 @@ impl Statements {
                  FROM unnest($1::text[]) WITH ORDINALITY AS asked(key, position) \
                  {from_run} \
                  ORDER BY asked.position \
-                 {take_over}, {async_commit}"
+                 {take_or_want}, {async_commit}"
             ),
             acquire_one: format!(
                 "INSERT INTO {table} AS held (key, owner, fence, expires_at) \
                  SELECT $1, $2, run.floor, clock_timestamp() + $3 * interval '1 millisecond' \
                  FROM (VALUES (1)) AS asked(one) \
                  {from_run} \
-                 {take_over}, {async_commit}"
+                 {take_or_want}, {async_commit}"
             ),
             renew: format!(
                 "UPDATE {table} \
@@ -488,30 +508,26 @@ impl Statements {
             // it returns, in the same statement and so the same transaction.
             release: format!(
                 "WITH ours AS ( \
-                   SELECT held.key FROM {table} AS held \
+                   SELECT held.key, held.wanted FROM {table} AS held \
                    JOIN unnest($1::text[], $3::bigint[]) AS given(key, fence) \
                      ON held.key = given.key AND held.fence = given.fence \
                    WHERE held.owner = $2 \
                    ORDER BY held.key FOR UPDATE OF held), \
-                 released AS ( \
-                   UPDATE {table} AS held SET owner = NULL, expires_at = clock_timestamp() \
-                   FROM ours WHERE held.key = ours.key \
-                   RETURNING held.key) \
-                 SELECT key, pg_notify($4, key)::text, {async_commit} FROM released"
+                 {released} \
+                 SELECT key, {announce}, {async_commit} FROM released"
             ),
             release_one: format!(
-                "WITH released AS ( \
-                   UPDATE {table} SET owner = NULL, expires_at = clock_timestamp() \
-                   WHERE key = $1 AND owner = $2 AND fence = $3 \
-                   RETURNING key) \
-                 SELECT key, pg_notify($4, key)::text, {async_commit} FROM released"
+                "WITH ours AS ( \
+                   SELECT key, wanted FROM {table} \
+                   WHERE key = $1 AND owner = $2 AND fence = $3 FOR UPDATE), \
+                 {released} \
+                 SELECT key, {announce}, {async_commit} FROM released"
             ),
             release_all: format!(
-                "WITH released AS ( \
-                   UPDATE {table} SET owner = NULL, expires_at = clock_timestamp() \
-                   WHERE owner = $1 \
-                   RETURNING key) \
-                 SELECT pg_notify($2, key), {async_commit} FROM released"
+                "WITH ours AS ( \
+                   SELECT key, wanted FROM {table} WHERE owner = $1 ORDER BY key FOR UPDATE), \
+                 {released} \
+                 SELECT {announce_all}, {async_commit} FROM released"
             ),
             // The row of a table new to `fences` starts `run` at floor 1: nothing was ever
             // committed without waiting for the disk, so nothing can have been lost. A store
@@ -580,7 +596,7 @@ async fn set_up_tables(
             &leases,
             "",
             "key text PRIMARY KEY, owner text, fence bigint NOT NULL CHECK (fence > 0), \
-             expires_at timestamptz NOT NULL",
+             expires_at timestamptz NOT NULL, wanted boolean NOT NULL DEFAULT false",
         ),
         (
             &fences,
@@ -598,6 +614,7 @@ async fn set_up_tables(
     for (name, kind, columns) in columns {
         create_if_missing(client, name, kind, columns).await?;
     }
+    add_wanted_if_missing(client, &leases).await?;
 
     client
         .query_typed(&statements.record_store, &[(&lease_millis, Type::INT8)])
@@ -618,6 +635,31 @@ async fn set_up_tables(
     probe
         .and(rollback)
         .map_err(|error| refusal(&leases, "checking table", error))
+}
+
+/// Adds the `wanted` column to a lease table made before it existed. Asking first lets a role
+/// that does not own the table use one that has it.
+async fn add_wanted_if_missing(client: &Client, leases: &str) -> Result<(), ClusterError> {
+    let quoted = format!("\"{leases}\"");
+    let missing = client
+        .query_typed_one(
+            "SELECT NOT EXISTS (SELECT FROM pg_attribute \
+             WHERE attrelid = to_regclass($1) AND attname = 'wanted' AND NOT attisdropped)",
+            &[(&quoted, Type::TEXT)],
+        )
+        .await
+        .and_then(|row| row.try_get::<_, bool>(0))
+        .map_err(|error| refusal(leases, "looking at table", error))?;
+    if !missing {
+        return Ok(());
+    }
+    let alter = format!(
+        "ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS wanted boolean NOT NULL DEFAULT false"
+    );
+    client
+        .batch_execute(&alter)
+        .await
+        .map_err(|error| refusal(leases, "adding column \"wanted\" to", error))
 }
 
 /// Creates table `name` (a checked identifier) of `kind` ("" or "UNLOGGED") with `columns`,

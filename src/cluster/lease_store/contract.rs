@@ -151,7 +151,7 @@ pub(crate) async fn the_holder_acquiring_again_gets_a_new_fence_and_the_old_one_
 pub(crate) async fn a_key_too_long_to_announce_is_refused_and_the_longest_allowed_works<
     B: Backend,
 >() {
-    let (_backend, mut stores) = B::stores("key_length", &[LONG_LEASE]).await;
+    let (_backend, mut stores) = B::stores("key_length", &[LONG_LEASE, LONG_LEASE]).await;
     let (store, notices) = &mut stores[0];
     let too_long = "k".repeat(MAX_KEY_BYTES + 1);
     assert!(matches!(
@@ -167,6 +167,9 @@ pub(crate) async fn a_key_too_long_to_announce_is_refused_and_the_longest_allowe
         .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
         .collect();
     let fence = acquired(store, &longest).await;
+    let (other, _) = &stores[1];
+    assert_eq!(other.acquire(&longest).await.ok(), Some(None));
+    let (store, notices) = &mut stores[0];
     assert_eq!(store.release(&longest, fence).await.ok(), Some(true));
     assert_eq!(next_notice(notices).await, released(&longest));
 }
@@ -244,6 +247,9 @@ pub(crate) async fn release_all_releases_our_leases_and_no_one_elses<B: Backend>
     acquired(&ours, "a").await;
     acquired(&ours, "b").await;
     acquired(&theirs, "c").await;
+    // Wanted, so that their releases are announced.
+    assert_eq!(theirs.acquire("a").await.ok(), Some(None));
+    assert_eq!(theirs.acquire("b").await.ok(), Some(None));
     assert_eq!(ours.release_all().await.ok(), Some(2));
     assert_eq!(backend.row("a").await, Some((None, 1)));
     assert_eq!(backend.row("b").await, Some((None, 1)));
@@ -260,9 +266,10 @@ pub(crate) async fn release_all_releases_our_leases_and_no_one_elses<B: Backend>
 // Notices.
 
 pub(crate) async fn a_release_is_announced_to_every_store<B: Backend>() {
-    let (_backend, (holder, mut holder_notices), (_waiter, mut waiter_notices)) =
+    let (_backend, (holder, mut holder_notices), (waiter, mut waiter_notices)) =
         two::<B>("notify", LONG_LEASE).await;
     let fence = acquired(&holder, "k").await;
+    assert_eq!(waiter.acquire("k").await.ok(), Some(None));
     assert_eq!(holder.release("k", fence).await.ok(), Some(true));
     assert_eq!(next_notice(&mut waiter_notices).await, released("k"));
     assert_eq!(next_notice(&mut holder_notices).await, released("k"));

@@ -242,6 +242,7 @@ async fn a_lost_listening_connection_is_made_again_and_says_missed() {
     assert!(new_pid.is_some_and(|pid| pid != old_pid));
     // And the new connection listens.
     let fence = acquired(&holder, "k").await;
+    assert_eq!(waiter.acquire("k").await.ok(), Some(None));
     assert_eq!(holder.release("k", fence).await.ok(), Some(true));
     assert_eq!(next_notice(&mut notices).await, released("k"));
 }
@@ -738,4 +739,28 @@ async fn the_quiet_time_after_a_crash_lasts_the_longest_lease_any_store_has_used
         waited >= Duration::from_secs(5),
         "granted after {waited:?}, within the 5 s lease of a store before"
     );
+}
+
+#[tokio::test]
+async fn only_a_release_that_someone_was_refused_is_announced() {
+    let prefix = "kl_test_wanted_";
+    let _admin = fresh_table(prefix).await;
+    let (waiter, mut notices) = store(&config(prefix)).await;
+    let (holder, _holder_notices) = store(&config(prefix)).await;
+    let unwanted = acquired(&holder, "unwanted").await;
+    let wanted = acquired(&holder, "wanted").await;
+    assert_eq!(waiter.acquire("wanted").await.ok(), Some(None));
+    assert_eq!(holder.release("unwanted", unwanted).await.ok(), Some(true));
+    assert_eq!(holder.release("wanted", wanted).await.ok(), Some(true));
+    // Notices come in the order of the commits: had the first release been announced, its
+    // notice would come first.
+    assert_eq!(next_notice(&mut notices).await, released("wanted"));
+    // Taking the key clears the mark: the next holder's release is announced only if someone
+    // is refused again.
+    let again = acquired(&waiter, "wanted").await;
+    assert_eq!(waiter.release("wanted", again).await.ok(), Some(true));
+    let last = acquired(&holder, "last").await;
+    assert_eq!(waiter.acquire("last").await.ok(), Some(None));
+    assert_eq!(holder.release("last", last).await.ok(), Some(true));
+    assert_eq!(next_notice(&mut notices).await, released("last"));
 }
