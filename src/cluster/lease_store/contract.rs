@@ -151,8 +151,11 @@ pub(crate) async fn the_holder_acquiring_again_gets_a_new_fence_and_the_old_one_
 pub(crate) async fn a_key_too_long_to_announce_is_refused_and_the_longest_allowed_works<
     B: Backend,
 >() {
-    let (_backend, mut stores) = B::stores("key_length", &[LONG_LEASE, LONG_LEASE]).await;
-    let (store, notices) = &mut stores[0];
+    let (_backend, stores) = B::stores("key_length", &[LONG_LEASE, LONG_LEASE]).await;
+    let mut stores = stores.into_iter();
+    let (Some((store, mut notices)), Some((other, _))) = (stores.next(), stores.next()) else {
+        panic!("the backend made fewer than two stores");
+    };
     let too_long = "k".repeat(MAX_KEY_BYTES + 1);
     assert!(matches!(
         store.acquire(&too_long).await,
@@ -166,12 +169,10 @@ pub(crate) async fn a_key_too_long_to_announce_is_refused_and_the_longest_allowe
     let longest: String = (0..MAX_KEY_BYTES)
         .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
         .collect();
-    let fence = acquired(store, &longest).await;
-    let (other, _) = &stores[1];
+    let fence = acquired(&store, &longest).await;
     assert_eq!(other.acquire(&longest).await.ok(), Some(None));
-    let (store, notices) = &mut stores[0];
     assert_eq!(store.release(&longest, fence).await.ok(), Some(true));
-    assert_eq!(next_notice(notices).await, released(&longest));
+    assert_eq!(next_notice(&mut notices).await, released(&longest));
 }
 
 // Renew.
