@@ -357,8 +357,9 @@ struct Statements {
     /// `$1` this store's lease in milliseconds. Makes the row of `{prefix}fences` if missing,
     /// with `run`'s row beside it, and records the longest lease. At connect.
     record_store: String,
-    /// No parameters. Raises the fence floor and starts the quiet time if the server has
-    /// crashed since `run`'s row was made. On every new connection.
+    /// No parameters; two statements, for the simple protocol. Raises the fence floor and
+    /// starts the quiet time if the server has crashed since `run`'s row was made. On every
+    /// new connection.
     check_run: String,
 }
 
@@ -549,8 +550,12 @@ impl Statements {
             // shutdown keeps it). Finding it empty, raise the floor above every fence the
             // crash may have lost, durably (`synchronous_commit` on) before any acquisition can
             // read it, and keep keys quiet for the longest lease any store has used.
+            // Two statements, one transaction: the lock on `fences` makes stores that find the
+            // crash at once check one after another, and the second statement's snapshot,
+            // taken after the lock, sees the first one's `run`: the floor rises once.
             check_run: format!(
-                "WITH raised AS ( \
+                "SELECT FROM {fences} FOR UPDATE; \
+                 WITH raised AS ( \
                    UPDATE {fences} \
                    SET floor = GREATEST(floor, \
                        (SELECT coalesce(max(fence), 0) FROM {table})) \

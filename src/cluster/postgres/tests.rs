@@ -764,3 +764,29 @@ async fn only_a_release_that_someone_was_refused_is_announced() {
     assert_eq!(holder.release("last", last).await.ok(), Some(true));
     assert_eq!(next_notice(&mut notices).await, released("last"));
 }
+
+#[tokio::test]
+async fn stores_that_find_a_crash_at_once_raise_the_floor_once() {
+    let prefix = "kl_test_crash_together_";
+    let admin = fresh_table(prefix).await;
+    let config = lease_config(prefix, Duration::from_millis(600));
+    let (first, _notices) = store(&config).await;
+    let before = acquired(&first, "k").await;
+    assert_eq!(first.release("k", before).await.ok(), Some(true));
+    empty_run(&admin, prefix).await;
+    let connects = [(); 4].map(|()| PgLeaseStore::connect(&config));
+    let [a, b, c, d] = connects;
+    let (a, b, c, d) = tokio::join!(a, b, c, d);
+    for connected in [a, b, c, d] {
+        assert!(connected.is_ok(), "{:?}", connected.err());
+    }
+    let floor: i64 = admin
+        .query_one(&format!("SELECT floor FROM \"{prefix}fences\""), &[])
+        .await
+        .expect("the floor")
+        .get(0);
+    assert_eq!(
+        floor,
+        i64::try_from(before).unwrap() + FLOOR_RISE_AFTER_CRASH
+    );
+}
