@@ -790,3 +790,62 @@ async fn stores_that_find_a_crash_at_once_raise_the_floor_once() {
         i64::try_from(before).unwrap() + FLOOR_RISE_AFTER_CRASH
     );
 }
+
+/// The estimated cost of `statement`'s generic plan (the one a prepared statement settles on)
+/// for parameters of `types`, as `admin` plans it.
+async fn generic_plan_cost(admin: &Client, statement: &str, types: &str, args: &str) -> f64 {
+    admin
+        .batch_execute(&format!(
+            "SET plan_cache_mode = force_generic_plan; \
+             DEALLOCATE ALL; PREPARE costed({types}) AS {statement}"
+        ))
+        .await
+        .expect("the statement prepares");
+    // The simple protocol answers in text, whatever the column's type (json here).
+    let answer = admin
+        .simple_query(&format!("EXPLAIN (FORMAT JSON) EXECUTE costed({args})"))
+        .await
+        .expect("explain");
+    let plan = answer
+        .iter()
+        .find_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .expect("a plan");
+    let plan: serde_json::Value = serde_json::from_str(&plan).expect("the plan is JSON");
+    plan[0]["Plan"]["Total Cost"]
+        .as_f64()
+        .expect("the plan has a cost")
+}
+
+#[tokio::test]
+async fn the_lease_statements_cost_too_little_for_the_server_to_compile_them() {
+    let prefix = "kl_test_plan_cost_";
+    let admin = fresh_table(prefix).await;
+    drop(store(&config(prefix)).await);
+    let jit_above: f64 = admin
+        .query_one("SELECT current_setting('jit_above_cost')::float8", &[])
+        .await
+        .expect("jit_above_cost")
+        .get(0);
+    let table = crate::cluster::config::LeaseTable::new(prefix).unwrap();
+    let statements = super::Statements::for_table(&table);
+    let apply = generic_plan_cost(
+        &admin,
+        &statements.apply,
+        "text[], text, bigint, text, bigint[]",
+        "ARRAY['a', 'b'], 'me', 1000, 'channel', ARRAY[NULL, 3]::bigint[]",
+    )
+    .await;
+    let renew = generic_plan_cost(
+        &admin,
+        &statements.renew,
+        "text, text, bigint, bigint",
+        "'a', 'me', 3, 1000",
+    )
+    .await;
+    // Compiling takes milliseconds at every call, more than the statements themselves.
+    assert!(apply < jit_above / 10.0, "apply costs {apply}");
+    assert!(renew < jit_above / 10.0, "renew costs {renew}");
+}
