@@ -411,16 +411,30 @@ impl<S: LeaseStore> Leases<S> {
     }
 
     /// Renews every held lease; marks lost those the store says are gone, and those it could
-    /// not confirm for a whole lease.
+    /// not confirm for a whole lease. The renewals run at once, so that a store that batches
+    /// sends them together, and a process holding many leases renews them in a round trip or
+    /// a few, not one per lease.
     async fn renew_all(self: &Arc<Self>) {
         let held: Vec<(String, Fence)> = self
             .keys()
             .iter()
             .filter_map(|(name, entry)| Some((name.clone(), entry.held.as_ref()?.fence)))
             .collect();
+        let mut renewals = tokio::task::JoinSet::new();
         for (name, fence) in held {
-            let started = Instant::now();
-            match self.store.renew(&name, fence).await {
+            let leases = Arc::clone(self);
+            renewals.spawn(async move {
+                let started = Instant::now();
+                let renewed = leases.store.renew(&name, fence).await;
+                (name, fence, started, renewed)
+            });
+        }
+        while let Some(joined) = renewals.join_next().await {
+            // A renewal task panics only on a bug in the store; its lease then runs out.
+            let Ok((name, fence, started, renewed)) = joined else {
+                continue;
+            };
+            match renewed {
                 Ok(true) => self.renewed(&name, fence, started),
                 Ok(false) => self.lose(&name, fence, "the lease is no longer ours"),
                 Err(error) => {

@@ -67,6 +67,7 @@ struct StoreCore {
 /// One change to a lease row, in a batch.
 enum Change {
     Acquire { key: String },
+    Renew { key: String, fence: i64 },
     Release { key: String, fence: i64 },
 }
 
@@ -75,6 +76,8 @@ enum Change {
 enum Changed {
     /// The new fence if taken, `None` if another owner holds the key.
     Acquired(Option<Fence>),
+    /// Whether the lease was ours and live, and is extended.
+    Renewed(bool),
     /// Whether the lease was ours and is released.
     Released(bool),
 }
@@ -82,7 +85,9 @@ enum Changed {
 impl Change {
     fn key(&self) -> &str {
         match self {
-            Change::Acquire { key } | Change::Release { key, .. } => key,
+            Change::Acquire { key } | Change::Renew { key, .. } | Change::Release { key, .. } => {
+                key
+            }
         }
     }
 }
@@ -164,6 +169,7 @@ impl StoreCore {
     /// The values of this store's statements for `keys` and `fences`.
     fn values<'a>(&'a self, keys: Vec<&'a str>, fences: Vec<Option<i64>>) -> Values<'a> {
         Values {
+            renewing: vec![false; keys.len()],
             keys,
             owner: &self.owner,
             fences,
@@ -178,16 +184,21 @@ impl StoreCore {
     async fn change_batch(self: Arc<Self>, batch: Vec<Change>) -> Result<Vec<Changed>, LeaseError> {
         // Rows are locked in key order in every batch of every process: no two batches can
         // wait for each other.
-        let mut changes: Vec<(&str, Option<i64>)> = batch
+        let mut changes: Vec<(&str, Option<i64>, bool)> = batch
             .iter()
             .map(|change| match change {
-                Change::Acquire { key } => (key.as_str(), None),
-                Change::Release { key, fence } => (key.as_str(), Some(*fence)),
+                Change::Acquire { key } => (key.as_str(), None, false),
+                Change::Renew { key, fence } => (key.as_str(), Some(*fence), true),
+                Change::Release { key, fence } => (key.as_str(), Some(*fence), false),
             })
             .collect();
         changes.sort_unstable();
-        let (keys, fences) = changes.into_iter().unzip();
-        let values = self.values(keys, fences);
+        let mut values = self.values(Vec::new(), Vec::new());
+        for (key, fence, renewing) in changes {
+            values.keys.push(key);
+            values.fences.push(fence);
+            values.renewing.push(renewing);
+        }
         let apply = || async {
             self.link
                 .query(&self.statements.apply, &values.apply())
@@ -206,8 +217,8 @@ impl StoreCore {
             }
             answer => answer?,
         };
-        // A row comes back for each key taken, wanted or released; none for a release that
-        // was not ours, or an acquisition in the quiet time after a crash.
+        // A row comes back for each key taken, wanted, renewed or released; none for a renewal
+        // or release that was not ours, or an acquisition in the quiet time after a crash.
         let mut changed = HashMap::with_capacity(rows.len());
         for row in &rows {
             let taken: bool = row.try_get("taken").map_err(LeaseError::Statement)?;
@@ -220,6 +231,7 @@ impl StoreCore {
                 let answer = changed.get(change.key());
                 match change {
                     Change::Acquire { .. } => Changed::Acquired(answer.copied().flatten()),
+                    Change::Renew { .. } => Changed::Renewed(answer.is_some()),
                     Change::Release { .. } => Changed::Released(answer.is_some()),
                 }
             })
@@ -256,7 +268,7 @@ impl LeaseStore for PgLeaseStore {
         };
         match StoreCore::submit(self, change).await? {
             Changed::Acquired(fence) => Ok(fence),
-            Changed::Released(_) => Err(NO_ANSWER),
+            Changed::Renewed(_) | Changed::Released(_) => Err(NO_ANSWER),
         }
     }
 
@@ -266,13 +278,14 @@ impl LeaseStore for PgLeaseStore {
         let Ok(fence) = i64::try_from(fence) else {
             return Ok(false);
         };
-        let core = &self.core;
-        let values = core.values(vec![key], vec![Some(fence)]);
-        let rows = core
-            .link
-            .query(&core.statements.renew, &values.renew())
-            .await?;
-        Ok(!rows.is_empty())
+        let change = Change::Renew {
+            key: key.to_owned(),
+            fence,
+        };
+        match StoreCore::submit(self, change).await? {
+            Changed::Renewed(renewed) => Ok(renewed),
+            Changed::Acquired(_) | Changed::Released(_) => Err(NO_ANSWER),
+        }
     }
 
     async fn release(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
@@ -286,7 +299,7 @@ impl LeaseStore for PgLeaseStore {
         };
         match StoreCore::submit(self, change).await? {
             Changed::Released(released) => Ok(released),
-            Changed::Acquired(_) => Err(NO_ANSWER),
+            Changed::Acquired(_) | Changed::Renewed(_) => Err(NO_ANSWER),
         }
     }
 
@@ -321,19 +334,17 @@ impl fmt::Debug for PgLeaseStore {
     }
 }
 
-/// The statements' text for one table. Parameters: `$1` keys (an array; renew takes one
-/// key), `$2` owner, then as named.
+/// The statements' text for one table. Parameters: `$1` keys, `$2` owner, then as named.
 #[derive(Debug)]
 struct Statements {
-    /// `$3` lease in milliseconds, `$4` channel, `$5` fences, one per key: NULL to acquire
-    /// the key, the lease's fence to release it. In the keys' order, takes each row to acquire
-    /// that is free, expired or ours, marking the others wanted (invariants 1, 2, 4), and
-    /// releases each lease to release that is ours under its fence, announcing it if wanted
-    /// (invariants 3, 4). Returns `(key, fence, taken)` for each row it changed.
+    /// `$3` lease in milliseconds, `$4` channel, `$5` fences and `$6` renewing flags, one of
+    /// each per key: fence NULL to acquire the key, the lease's fence to renew it (flag true)
+    /// or release it. In the keys' order, takes each row to acquire that is free, expired or
+    /// ours, marking the others wanted (invariants 1, 2, 4); extends each lease to renew that
+    /// is ours under its fence and live, and releases each lease to release that is ours
+    /// under its fence, announcing it if wanted (invariants 3, 4). Returns `(key, fence,
+    /// taken)` for each row it changed.
     apply: String,
-    /// `$1` one key, `$3` fence, `$4` lease in milliseconds. Returns a row if renewed
-    /// (invariants 1, 3).
-    renew: String,
     /// `$1` owner, `$2` channel. Returns a row per lease released (invariant 4).
     release_all: String,
     /// `$1` this store's lease in milliseconds. Makes the row of `{prefix}fences` if missing,
@@ -358,6 +369,7 @@ struct Values<'a> {
     keys: Vec<&'a str>,
     owner: &'a str,
     fences: Vec<Option<i64>>,
+    renewing: Vec<bool>,
     lease_millis: i64,
     channel: &'a str,
 }
@@ -366,23 +378,14 @@ struct Values<'a> {
 type Params<'v, const N: usize> = [(&'v (dyn ToSql + Sync), Type); N];
 
 impl Values<'_> {
-    fn apply(&self) -> Params<'_, 5> {
+    fn apply(&self) -> Params<'_, 6> {
         [
             (&self.keys, Type::TEXT_ARRAY),
             (&self.owner, Type::TEXT),
             (&self.lease_millis, Type::INT8),
             (&self.channel, Type::TEXT),
             (&self.fences, Type::INT8_ARRAY),
-        ]
-    }
-
-    /// Renew takes one key and its fence, the first of each.
-    fn renew(&self) -> Params<'_, 4> {
-        [
-            (&self.keys[0], Type::TEXT),
-            (&self.owner, Type::TEXT),
-            (&self.fences[0], Type::INT8),
-            (&self.lease_millis, Type::INT8),
+            (&self.renewing, Type::BOOL_ARRAY),
         ]
     }
 
@@ -404,31 +407,40 @@ impl Statements {
         // transaction (`is_local`), so no connection keeps the setting and a pooler in between
         // cannot lose it; the commit reads it at its end.
         let async_commit = "set_config('synchronous_commit', 'off', true)";
-        // What the statement does to a row that exists (the first acquisition inserts it at
-        // the floor). An acquisition (proposed owner: us) takes it if free, expired or ours
-        // (invariants 1, 2), or else marks it wanted, so that its release is announced
-        // (invariant 4); taking it from another owner clears the mark. A release (proposed owner NULL, fence the lease's), only if the row
-        // is ours under that fence (invariant 3), frees it and leaves `wanted` for the
-        // announcement; the next acquisition clears it. `free` is evaluated once per row: a
-        // clock read per column could take the row without raising its fence.
+        // What `apply` does to a row that exists (the first acquisition inserts it at the
+        // floor). The proposed row says which change: owner NULL, a release; `wanted` true, a
+        // renewal; else an acquisition.
+        // - An acquisition takes the row if free, expired or ours (invariants 1, 2), or else
+        //   marks it wanted, so that its release is announced (invariant 4). Taking it from
+        //   another owner clears the mark.
+        // - A renewal extends the lease only if it is ours under its fence and live, a
+        //   release frees it only if it is ours under its fence (invariant 3); both leave
+        //   `wanted` as it is, for the release's announcement.
+        // `free` is evaluated once per row: a clock read per column could take the row without
+        // raising its fence.
         let change_row = "ON CONFLICT (key) DO UPDATE \
              SET (owner, fence, expires_at, wanted) = ( \
                SELECT CASE WHEN releasing THEN NULL \
-                           WHEN free THEN excluded.owner ELSE held.owner END, \
-                      CASE WHEN NOT releasing AND free \
+                           WHEN acquiring AND free THEN excluded.owner \
+                           ELSE held.owner END, \
+                      CASE WHEN acquiring AND free \
                            THEN GREATEST(held.fence + 1, excluded.fence) \
                            ELSE held.fence END, \
                       CASE WHEN releasing THEN clock_timestamp() \
-                           WHEN free THEN excluded.expires_at ELSE held.expires_at END, \
-                      CASE WHEN releasing THEN held.wanted \
+                           WHEN renewing OR free THEN excluded.expires_at \
+                           ELSE held.expires_at END, \
+                      CASE WHEN NOT acquiring THEN held.wanted \
                            WHEN free \
                            THEN coalesce(held.owner = excluded.owner AND held.wanted, false) \
                            ELSE true END \
                FROM (SELECT excluded.owner IS NULL AS releasing, \
+                            excluded.wanted AS renewing, \
+                            excluded.owner IS NOT NULL AND NOT excluded.wanted AS acquiring, \
                             held.owner IS NULL OR held.owner = excluded.owner \
                             OR held.expires_at <= clock_timestamp() AS free) AS decided) \
-             WHERE excluded.owner IS NOT NULL \
-                OR (held.owner = $2 AND held.fence = excluded.fence)";
+             WHERE (excluded.owner IS NOT NULL AND NOT excluded.wanted) \
+                OR (held.owner = $2 AND held.fence = excluded.fence \
+                    AND (excluded.owner IS NULL OR held.expires_at > clock_timestamp()))";
         Statements {
             // "Ours" too: an acquire of ours that was applied but whose reply was lost must not
             // block the key until it runs out. Taking it again with a new fence is safe: the
@@ -437,22 +449,25 @@ impl Statements {
             // No row in `run` (the server lost it and nobody has checked since) makes an
             // acquisition's floor NULL, which the fence column refuses: an error, never a
             // fence below the floor. In the quiet time after a crash nothing is acquired. A
-            // release of a key without a row (never ours) proposes nothing, so inserts nothing;
-            // the row is looked up by a scalar subquery, one index probe per key (as EXISTS,
-            // the planner hashes the whole table). `run` is read by scalar subqueries too, each
-            // run once: as a join, its unknown size makes the plan's estimated cost high
-            // enough for the server to compile it (JIT) at every call, which costs
-            // milliseconds.
+            // renewal or release of a key without a row (never ours) proposes nothing, so
+            // inserts nothing; the row is looked up by a scalar subquery, one index probe per
+            // key (as EXISTS, the planner hashes the whole table). `run` is read by scalar
+            // subqueries too, each run once: as a join, its unknown size makes the plan's
+            // estimated cost high enough for the server to compile it (JIT) at every call,
+            // which costs milliseconds.
+            //
             // `pg_notify` runs for each row the data-modifying WITH returns, in the same
             // statement and so the same transaction.
             apply: format!(
                 "WITH changed AS ( \
-                   INSERT INTO {table} AS held (key, owner, fence, expires_at) \
-                   SELECT given.key, CASE WHEN given.fence IS NULL THEN $2 END, \
+                   INSERT INTO {table} AS held (key, owner, fence, expires_at, wanted) \
+                   SELECT given.key, \
+                          CASE WHEN given.fence IS NULL OR given.renewing THEN $2 END, \
                           coalesce(given.fence, (SELECT floor FROM {run})), \
-                          clock_timestamp() + $3 * interval '1 millisecond' \
-                   FROM unnest($1::text[], $5::bigint[]) WITH ORDINALITY \
-                        AS given(key, fence, position) \
+                          clock_timestamp() + $3 * interval '1 millisecond', \
+                          given.renewing \
+                   FROM unnest($1::text[], $5::bigint[], $6::boolean[]) WITH ORDINALITY \
+                        AS given(key, fence, renewing, position) \
                    WHERE CASE WHEN given.fence IS NULL \
                               THEN coalesce((SELECT quiet_until FROM {run}) \
                                             <= clock_timestamp(), true) \
@@ -466,13 +481,6 @@ impl Statements {
                              THEN pg_notify($4, key)::text END AS announced, \
                         {async_commit} \
                  FROM changed"
-            ),
-            renew: format!(
-                "UPDATE {table} \
-                 SET expires_at = clock_timestamp() + $4 * interval '1 millisecond' \
-                 WHERE key = $1 AND owner = $2 AND fence = $3 \
-                   AND expires_at > clock_timestamp() \
-                 RETURNING fence, {async_commit}"
             ),
             release_all: format!(
                 "WITH released AS ( \
@@ -670,6 +678,7 @@ async fn probe(
         keys: vec![&key],
         owner,
         fences: vec![None],
+        renewing: vec![false],
         lease_millis,
         channel: table.name(),
     };
@@ -681,18 +690,23 @@ async fn probe(
         Some(row) => row.try_get("fence")?,
         None => 1,
     };
-    let lease = Values {
+    let renewal = Values {
         fences: vec![Some(fence)],
+        renewing: vec![true],
         ..acquire
     };
     client
-        .query_typed(&statements.renew, &lease.renew())
+        .query_typed(&statements.apply, &renewal.apply())
+        .await?;
+    let release = Values {
+        renewing: vec![false],
+        ..renewal
+    };
+    client
+        .query_typed(&statements.apply, &release.apply())
         .await?;
     client
-        .query_typed(&statements.apply, &lease.apply())
-        .await?;
-    client
-        .query_typed(&statements.release_all, &lease.release_all())
+        .query_typed(&statements.release_all, &release.release_all())
         .await?;
     Ok(())
 }
