@@ -1,25 +1,47 @@
-//! The lease store on PostgreSQL: one table of lease rows, four statements run on a shared
-//! connection (`link`), and a connection of its own that listens for releases (`listener`).
-//! Acquisitions and releases of many keys made at once go as one statement each (`batch`):
-//! their statements take arrays of keys, locked in key order.
+//! The lease store on PostgreSQL: a table of lease rows and two small tables beside it, a few
+//! statements run on a shared connection (`link`), and a connection of its own that listens
+//! for releases (`listener`). Acquisitions, renewals and releases of many keys made at once go
+//! as one statement (`batch`), which changes their rows in key order.
 //!
-//! # The table
+//! # The tables
 //!
 //! `{prefix}leases (key text PRIMARY KEY, owner text, fence bigint NOT NULL, expires_at
-//! timestamptz NOT NULL)`, created if missing. Its invariants, kept by the four statements
-//! below, each one statement (whatever the number of keys in it) and so atomic:
+//! timestamptz NOT NULL, wanted boolean NOT NULL)`, created if missing (and given `wanted` if
+//! made before it). Its invariants, kept by the statements below, each one statement (whatever
+//! the number of keys in it) and so atomic:
 //!
 //! 1. A key is held by `owner` exactly while `owner IS NOT NULL AND expires_at >
 //!    clock_timestamp()`. Only the server's clock decides: the clients' clocks may disagree.
-//! 2. `fence` only grows, by one at each acquisition, and the row is never deleted (a new row
-//!    would start again at 1). So a fence names one acquisition for ever, and whoever acquires
-//!    after it gets a higher one.
+//! 2. `fence` only grows, at each acquisition, to at least one more than before and at least
+//!    the floor (below), and the row is never deleted (a new row would start again at the
+//!    floor). So a fence names one acquisition for ever, and whoever acquires after it gets a
+//!    higher one, even across a crash of the server.
 //! 3. Renew and release act only on the row of their `(key, owner, fence)`: a holder whose
 //!    lease ran out and was taken can neither extend nor end the next holder's.
-//! 4. A release announces itself (`pg_notify`) in the statement that releases: the notice is
-//!    sent exactly when the release commits.
+//! 4. A release is announced (`pg_notify`) in the statement that releases, so exactly when it
+//!    commits, if an acquisition was refused the key since it was taken (`wanted`). A waiter
+//!    is refused before it waits, so it hears the release; a key nobody waited for costs no
+//!    notice.
 //!
 //! Because of invariant 2 the table keeps one row per key ever acquired.
+//!
+//! `{prefix}fences (floor, longest_lease_ms)`, one row kept durably, and `{prefix}run (floor,
+//! quiet_until)`, one row in an unlogged table.
+//!
+//! # Commits
+//!
+//! The lease statements commit without waiting for the disk (`synchronous_commit` off for
+//! their own transaction): a crash of the server may lose the last fraction of a second of
+//! them (at most three times `wal_writer_delay`, by PostgreSQL's documentation), and with them
+//! fences already handed out. Crash recovery also empties the unlogged `run`, and only crash
+//! recovery does: a connection that finds it empty (every connection after a crash is new)
+//! raises the floor in `fences` to `FLOOR_RISE_AFTER_CRASH` above the highest fence in the
+//! table, durably, before any acquisition can read it, and starts `run` again with it. Every
+//! fence handed out before the crash was at most the highest surviving one plus the number of
+//! acquisitions lost, so every fence after it is higher, as long as a crash loses fewer than
+//! `FLOOR_RISE_AFTER_CRASH` acquisitions of one key. `run` also starts a quiet time as long as
+//! the longest lease any store has used: a holder whose acquisition or renewal the crash lost
+//! has given up (its lease ran out by its own clock) before anyone else can take the key.
 //!
 //! Each store is one owner: `{process id}-{64 random bits}`, so that two stores in one process
 //! exclude each other like two processes do.
