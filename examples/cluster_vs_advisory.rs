@@ -20,7 +20,9 @@
 //! ```
 //!
 //! `grants_per_s` is every process's grants over the slowest process's time, from the start
-//! signal to its last release. `--only cluster` or `--only advisory` runs one of them. The
+//! signal to its last release. `--only cluster` or `--only advisory` runs one of them.
+//! `--runtime current-thread` runs each process on tokio's current-thread runtime instead of
+//! the multi-thread one `#[tokio::main]` gives (`multi-thread`, the default). The
 //! database URL defaults to `DATABASE_URL`, else `postgres://postgres@127.0.0.1:5432/test`;
 //! the lease table is `keyed_locks_compare_leases`.
 
@@ -36,7 +38,7 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 
 const USAGE: &str = "usage: cluster_vs_advisory [--workload hot|keys] [--processes P] \
                      [--tasks T] [--locks N] [--keys K] [--lease-ms L] [--only cluster|advisory] \
-                     [--database-url URL]";
+                     [--runtime multi-thread|current-thread] [--database-url URL]";
 
 #[derive(Debug, Clone)]
 struct Options {
@@ -47,6 +49,7 @@ struct Options {
     keys: u64,
     lease_ms: u64,
     only: Option<String>,
+    runtime: String,
     database_url: String,
     /// Set in a child: which contender it runs, and its number.
     child: Option<(String, u64)>,
@@ -61,6 +64,7 @@ fn options() -> Result<Options, String> {
         keys: 10_000,
         lease_ms: 2000,
         only: None,
+        runtime: "multi-thread".to_owned(),
         database_url: std::env::var("DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
         child: None,
@@ -84,6 +88,9 @@ fn options() -> Result<Options, String> {
             "--lease-ms" => options.lease_ms = number()?,
             "--only" if value == "cluster" || value == "advisory" => {
                 options.only = Some(value.clone());
+            }
+            "--runtime" if value == "multi-thread" || value == "current-thread" => {
+                options.runtime = value.clone();
             }
             "--database-url" => options.database_url = value.clone(),
             "--child" => {
@@ -130,6 +137,7 @@ fn compare(options: &Options, contender: &str) -> Result<(), Error> {
             .args(["--locks", &options.locks.to_string()])
             .args(["--keys", &options.keys.to_string()])
             .args(["--lease-ms", &options.lease_ms.to_string()])
+            .args(["--runtime", &options.runtime])
             .args(["--database-url", &options.database_url])
             .args(["--child", &format!("{contender}:{index}")])
             .stdin(Stdio::piped())
@@ -204,7 +212,13 @@ fn expect_line(stdout: &mut BufReader<ChildStdout>, word: &str) -> Result<String
 
 /// A child: connects, says `ready`, waits for `go`, runs its tasks, says `done ...`.
 fn child(options: &Options, contender: &str, index: u64) -> Result<(), Error> {
-    let runtime = tokio::runtime::Runtime::new()?;
+    let runtime = if options.runtime == "current-thread" {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Runtime::new()?
+    };
     runtime.block_on(async {
         let mut registry = None;
         let mut tasks = Vec::new();

@@ -438,31 +438,33 @@ impl Statements {
         // - A renewal extends the lease only if it is ours under its fence and live, a
         //   release frees it only if it is ours under its fence (invariant 3); both leave
         //   `wanted` as it is, for the release's announcement.
-        // `free` is evaluated once per row: a clock read per column could take the row without
-        // raising its fence.
-        let change_row = "ON CONFLICT (key) DO UPDATE \
-             SET (owner, fence, expires_at, wanted) = ( \
-               SELECT CASE WHEN releasing THEN NULL \
-                           WHEN acquiring AND free THEN excluded.owner \
-                           ELSE held.owner END, \
-                      CASE WHEN acquiring AND free \
-                           THEN GREATEST(held.fence + 1, excluded.fence) \
-                           ELSE held.fence END, \
-                      CASE WHEN releasing THEN clock_timestamp() \
-                           WHEN renewing OR free THEN excluded.expires_at \
-                           ELSE held.expires_at END, \
-                      CASE WHEN NOT acquiring THEN held.wanted \
-                           WHEN free \
-                           THEN coalesce(held.owner = excluded.owner AND held.wanted, false) \
-                           ELSE true END \
-               FROM (SELECT excluded.owner IS NULL AS releasing, \
-                            excluded.wanted AS renewing, \
-                            excluded.owner IS NOT NULL AND NOT excluded.wanted AS acquiring, \
-                            held.owner IS NULL OR held.owner = excluded.owner \
-                            OR held.expires_at <= clock_timestamp() AS free) AS decided) \
-             WHERE (excluded.owner IS NOT NULL AND NOT excluded.wanted) \
+        // `free` reads the statement's clock, the same for every column: a clock read per
+        // column could take the row without raising its fence. A lease that runs out while
+        // the statement waits for its row is refused, and asked for again.
+        let releasing = "excluded.owner IS NULL";
+        let renewing = "excluded.wanted";
+        let acquiring = "(excluded.owner IS NOT NULL AND NOT excluded.wanted)";
+        let free = "(held.owner IS NULL OR held.owner = excluded.owner \
+                     OR held.expires_at <= statement_timestamp())";
+        let change_row = format!(
+            "ON CONFLICT (key) DO UPDATE \
+             SET owner = CASE WHEN {releasing} THEN NULL \
+                              WHEN {acquiring} AND {free} THEN excluded.owner \
+                              ELSE held.owner END, \
+                 fence = CASE WHEN {acquiring} AND {free} \
+                              THEN GREATEST(held.fence + 1, excluded.fence) \
+                              ELSE held.fence END, \
+                 expires_at = CASE WHEN {releasing} THEN clock_timestamp() \
+                                   WHEN {renewing} OR {free} THEN excluded.expires_at \
+                                   ELSE held.expires_at END, \
+                 wanted = CASE WHEN NOT {acquiring} THEN held.wanted \
+                               WHEN {free} \
+                               THEN coalesce(held.owner = excluded.owner AND held.wanted, false) \
+                               ELSE true END \
+             WHERE {acquiring} \
                 OR (held.owner = $2 AND held.fence = excluded.fence \
-                    AND (excluded.owner IS NULL OR held.expires_at > clock_timestamp()))";
+                    AND ({releasing} OR held.expires_at > clock_timestamp()))"
+        );
         Statements {
             // "Ours" too: an acquire of ours that was applied but whose reply was lost must not
             // block the key until it runs out. Taking it again with a new fence is safe: the
