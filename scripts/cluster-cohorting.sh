@@ -13,7 +13,7 @@ url="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 cargo build --quiet --release --features postgres --example cluster_load
 for handoffs in 15 0; do
   prefix="keyed_locks_cohorting_${handoffs}_"
-  psql -q "$url" -c "DROP TABLE IF EXISTS ${prefix}leases" 2>/dev/null
+  psql -q "$url" -c "DROP TABLE IF EXISTS ${prefix}leases, ${prefix}fences, ${prefix}run" 2>/dev/null
   start=$(date +%s%N)
   for _ in 1 2 3; do
     target/release/examples/cluster_load --database-url "$url" --prefix "$prefix" --key hot \
