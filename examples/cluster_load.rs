@@ -8,9 +8,10 @@
 //!
 //! Prints one line at the end:
 //! `load key=K grants=G longest_wait_ms=W`: the grants this process got and the longest any
-//! of its `lock` calls waited. The lease table's `fence` for the key counts the acquisitions
-//! of every process, so `grants` summed over the processes divided by `fence` is how many
-//! grants each round trip to the database served.
+//! of its `lock` calls waited. On a new table, with no server crash since (a crash raises
+//! fences past any it may have lost), the lease table's `fence` for the key counts the
+//! acquisitions of every process, so `grants` summed over the processes divided by `fence` is
+//! how many grants each round trip to the database served.
 //!
 //! Options: `--database-url URL` (default `DATABASE_URL`, else
 //! `postgres://postgres@127.0.0.1:5432/test`), `--prefix P` (default `keyed_locks_demo_`),

@@ -180,6 +180,11 @@ impl PgLeaseStore {
         Ok((store, notices))
     }
 
+    /// Sends `change` in the next batch and waits for what it did.
+    async fn submit(&self, change: Change) -> Result<Changed, LeaseError> {
+        self.changes.submit(change).await.map_err(LeaseError::Batch)
+    }
+
     /// This store's owner id, as the table's `owner` column holds it (the tests look for it).
     #[cfg(test)]
     pub(crate) fn owner(&self) -> &str {
@@ -188,21 +193,21 @@ impl PgLeaseStore {
 }
 
 impl StoreCore {
-    /// The values of this store's statements for `keys` and `fences`.
-    fn values<'a>(&'a self, keys: Vec<&'a str>, fences: Vec<Option<i64>>) -> Values<'a> {
+    /// The values of this store's statements, with no key yet.
+    fn values(&self) -> Values<'_> {
         Values {
-            renewing: vec![false; keys.len()],
-            keys,
+            keys: Vec::new(),
             owner: &self.owner,
-            fences,
+            fences: Vec::new(),
+            renewing: Vec::new(),
             lease_millis: self.lease_millis,
             channel: self.table.name(),
         }
     }
 
     /// Applies every change of `batch` in one statement: acquires each key to acquire that is
-    /// free, expired or ours (marking the others wanted), and releases each lease to release
-    /// that is still ours under its fence.
+    /// free, expired or ours (marking the others wanted), renews each lease to renew that is
+    /// still ours and live, and releases each lease to release that is still ours.
     async fn change_batch(self: Arc<Self>, batch: Vec<Change>) -> Result<Vec<Changed>, LeaseError> {
         // Rows are locked in key order in every batch of every process: no two batches can
         // wait for each other.
@@ -215,7 +220,7 @@ impl StoreCore {
             })
             .collect();
         changes.sort_unstable();
-        let mut values = self.values(Vec::new(), Vec::new());
+        let mut values = self.values();
         for (key, fence, renewing) in changes {
             values.keys.push(key);
             values.fences.push(fence);
@@ -259,15 +264,6 @@ impl StoreCore {
             })
             .collect())
     }
-
-    /// Submits `change` in the next batch.
-    async fn submit(store: &PgLeaseStore, change: Change) -> Result<Changed, LeaseError> {
-        store
-            .changes
-            .submit(change)
-            .await
-            .map_err(LeaseError::Batch)
-    }
 }
 
 /// The key a batch statement returned a row for.
@@ -288,7 +284,7 @@ impl LeaseStore for PgLeaseStore {
         let change = Change::Acquire {
             key: key.to_owned(),
         };
-        match StoreCore::submit(self, change).await? {
+        match self.submit(change).await? {
             Changed::Acquired(fence) => Ok(fence),
             Changed::Renewed(_) | Changed::Released(_) => Err(NO_ANSWER),
         }
@@ -304,7 +300,7 @@ impl LeaseStore for PgLeaseStore {
             key: key.to_owned(),
             fence,
         };
-        match StoreCore::submit(self, change).await? {
+        match self.submit(change).await? {
             Changed::Renewed(renewed) => Ok(renewed),
             Changed::Acquired(_) | Changed::Released(_) => Err(NO_ANSWER),
         }
@@ -319,7 +315,7 @@ impl LeaseStore for PgLeaseStore {
             key: key.to_owned(),
             fence,
         };
-        match StoreCore::submit(self, change).await? {
+        match self.submit(change).await? {
             Changed::Released(released) => Ok(released),
             Changed::Acquired(_) | Changed::Renewed(_) => Err(NO_ANSWER),
         }
@@ -328,7 +324,7 @@ impl LeaseStore for PgLeaseStore {
     async fn release_all(&self) -> Result<u64, LeaseError> {
         // No key or fence: this statement takes the owner and the channel only.
         let core = &self.core;
-        let values = core.values(Vec::new(), Vec::new());
+        let values = core.values();
         let rows = core
             .link
             .query(&core.statements.release_all, &values.release_all())

@@ -898,3 +898,24 @@ async fn the_lease_statements_cost_too_little_for_the_server_to_compile_them() {
     // Compiling takes milliseconds at every call, more than the statements themselves.
     assert!(apply < jit_above / 10.0, "apply costs {apply}");
 }
+
+#[tokio::test]
+async fn a_lease_table_made_before_wanted_existed_gets_the_column_and_keeps_its_fences() {
+    let prefix = "kl_test_old_table_";
+    let admin = fresh_table(prefix).await;
+    // The table as the first versions made it, with a key taken seven times.
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE \"{prefix}leases\" (key text PRIMARY KEY, owner text, \
+               fence bigint NOT NULL CHECK (fence > 0), expires_at timestamptz NOT NULL); \
+             INSERT INTO \"{prefix}leases\" VALUES ('k', NULL, 7, clock_timestamp())"
+        ))
+        .await
+        .expect("the old table");
+    let (waiter, mut notices) = store(&config(prefix)).await;
+    let (holder, _holder_notices) = store(&config(prefix)).await;
+    assert_eq!(acquired(&holder, "k").await, 8);
+    assert_eq!(waiter.acquire("k").await.ok(), Some(None));
+    assert_eq!(holder.release("k", 8).await.ok(), Some(true));
+    assert_eq!(next_notice(&mut notices).await, released("k"));
+}
