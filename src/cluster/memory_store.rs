@@ -10,7 +10,8 @@
 //! 2. `fence` only grows, by one at each acquisition, and a row is never removed.
 //! 3. Renew and release act only on the row of their `(key, owner, fence)`.
 //! 4. A release queues its notice to every store of the table within the critical section that
-//!    releases, so no store sees the key free before its notice is queued.
+//!    releases, so no store sees the key free before its notice is queued, if an acquisition
+//!    was refused the key since it was taken (`wanted`), as in `postgres`.
 //!
 //! What it does not have: a connection (no call fails, none is cut, none times out) and a
 //! listener (notices cannot be lost, so it never says [`LeaseNotice::Missed`] unless a
@@ -55,6 +56,8 @@ pub(crate) struct Row {
     pub(crate) owner: Option<String>,
     pub(crate) fence: Fence,
     pub(crate) expires_at: Instant,
+    /// An acquisition was refused the key since it was taken: its release is announced.
+    pub(crate) wanted: bool,
 }
 
 impl Row {
@@ -114,14 +117,18 @@ fn lock(shared: &Mutex<Table>) -> MutexGuard<'_, Table> {
 }
 
 impl Table {
-    /// Ends `key`'s lease and queues its notice to every store (invariant 4).
+    /// Ends `key`'s lease and, if it was wanted, queues its notice to every store (invariant
+    /// 4). `wanted` stays for the next acquisition to clear, as in `postgres`.
     fn release(&mut self, key: &str, now: Instant) {
-        if let Some(row) = self.rows.get_mut(key) {
-            row.owner = None;
-            row.expires_at = now;
-        }
-        for listener in self.listeners.values() {
-            listener.send(LeaseNotice::Released(key.to_owned()));
+        let Some(row) = self.rows.get_mut(key) else {
+            return;
+        };
+        row.owner = None;
+        row.expires_at = now;
+        if row.wanted {
+            for listener in self.listeners.values() {
+                listener.send(LeaseNotice::Released(key.to_owned()));
+            }
         }
     }
 }
@@ -168,18 +175,24 @@ impl LeaseStore for MemoryLeaseStore {
                     owner: Some(self.owner.clone()),
                     fence: 1,
                     expires_at,
+                    wanted: false,
                 };
                 table.rows.insert(key.to_owned(), row);
                 Ok(Some(1))
             }
             // Ours too, as in `postgres`: an acquire whose reply was lost must not block the key.
             Some(row) if !row.is_held_at(now) || row.is_owned_by(&self.owner) => {
+                // Taken from another owner (or from nobody): whoever wanted it was told.
+                row.wanted &= row.is_owned_by(&self.owner);
                 row.owner = Some(self.owner.clone());
                 row.fence += 1;
                 row.expires_at = expires_at;
                 Ok(Some(row.fence))
             }
-            Some(_) => Ok(None),
+            Some(row) => {
+                row.wanted = true;
+                Ok(None)
+            }
         }
     }
 

@@ -80,6 +80,7 @@ async fn dropping_the_store_ends_its_notices_and_only_its_own() {
     let table = MemoryLeaseTable::new();
     let (dropped, mut dropped_notices) = table.store(LONG_LEASE);
     let (holder, mut holder_notices) = table.store(LONG_LEASE);
+    let (waiter, _waiter_notices) = table.store(LONG_LEASE);
     drop(dropped);
     assert_eq!(dropped_notices.recv().await, None);
     let fence = holder
@@ -88,6 +89,7 @@ async fn dropping_the_store_ends_its_notices_and_only_its_own() {
         .ok()
         .flatten()
         .expect("a free key");
+    assert_eq!(waiter.acquire("k").await.ok(), Some(None));
     assert_eq!(holder.release("k", fence).await.ok(), Some(true));
     assert_eq!(
         holder_notices.recv().await,
