@@ -155,8 +155,9 @@ impl StatementLink {
         (link, client)
     }
 
-    /// Runs one statement with typed parameters (one round trip, no prepared statement to
-    /// keep per connection, and so nothing a connection pooler in between can lose).
+    /// Runs one statement with typed parameters, prepared on the connection the first time it
+    /// runs there (a pooler in transaction mode must forward prepared statements: PgBouncer
+    /// 1.21 or later, with `max_prepared_statements` set).
     pub(super) async fn query(
         &self,
         statement: &str,
