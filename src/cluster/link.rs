@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
-use tokio_postgres::error::Severity;
+use tokio_postgres::error::{Severity, SqlState};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, Statement};
 
@@ -102,9 +102,21 @@ impl Session {
         text: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        let statement = self.prepared(text, params).await?;
         let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(value, _)| *value).collect();
-        self.client.query(&statement, &values).await
+        let statement = self.prepared(text, params).await?;
+        match self.client.query(&statement, &values).await {
+            // Gone from the server (a `DEALLOCATE ALL` on a shared connection): prepare it
+            // again, once.
+            Err(error) if error.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME) => {
+                self.prepared
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(text);
+                let statement = self.prepared(text, params).await?;
+                self.client.query(&statement, &values).await
+            }
+            answer => answer,
+        }
     }
 }
 
@@ -270,6 +282,17 @@ impl StatementLink {
             }
             state.retry_at = Instant::now();
         }
+    }
+
+    /// Runs `statements` on the live connection, as something else sharing it could (tests).
+    #[cfg(test)]
+    pub(super) async fn run_beside(&self, statements: &str) -> Result<(), LeaseError> {
+        let session = self.session().await?;
+        session
+            .client
+            .batch_execute(statements)
+            .await
+            .map_err(LeaseError::Statement)
     }
 
     /// Whether the connection is known lost (its driver saw it end, or a call dropped it).

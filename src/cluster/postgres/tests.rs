@@ -919,3 +919,19 @@ async fn a_lease_table_made_before_wanted_existed_gets_the_column_and_keeps_its_
     assert_eq!(holder.release("k", 8).await.ok(), Some(true));
     assert_eq!(next_notice(&mut notices).await, released("k"));
 }
+
+#[tokio::test]
+async fn statements_deallocated_behind_the_store_are_prepared_again() {
+    let prefix = "kl_test_deallocated_";
+    let _admin = fresh_table(prefix).await;
+    let (store, _notices) = store(&config(prefix)).await;
+    let fence = acquired(&store, "k").await;
+    store
+        .core
+        .link
+        .run_beside("DEALLOCATE ALL")
+        .await
+        .expect("deallocate");
+    assert_eq!(store.release("k", fence).await.ok(), Some(true));
+    assert_eq!(acquired(&store, "k").await, fence + 1);
+}
