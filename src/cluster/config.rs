@@ -32,9 +32,10 @@ pub(crate) struct PgLeaseConfig {
     /// The server, as a `postgres://` URL or `key=value` pairs (tokio-postgres' `Config`
     /// syntax). Without TLS: a URL that requires it fails to connect.
     pub url: String,
-    /// The lease table is `{table_prefix}leases`, in the first schema of the role's
-    /// `search_path`: ASCII letters, digits and underscores, not starting with a digit. The
-    /// name is always quoted, so capitals are kept.
+    /// The lease table is `{table_prefix}leases`, beside `{table_prefix}fences` and
+    /// `{table_prefix}run`, in the first schema of the role's `search_path`: ASCII letters,
+    /// digits and underscores, not starting with a digit. The names are always quoted, so
+    /// capitals are kept.
     pub table_prefix: String,
     /// How long an acquisition or a renewal holds the key.
     pub lease: Duration,

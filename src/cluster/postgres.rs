@@ -124,8 +124,8 @@ impl Batched for Change {
 }
 
 impl PgLeaseStore {
-    /// Checks `config`, connects, creates the table if missing, checks that this role can read
-    /// and write it, and starts listening for releases.
+    /// Checks `config`, connects, creates the tables if missing, checks that this role can read
+    /// and write them, and starts listening for releases.
     ///
     /// # Errors
     ///

@@ -244,8 +244,9 @@ impl<K: LockKey + fmt::Display> fmt::Debug for ClusterBuilder<K> {
 }
 
 impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
-    /// The lease table is `{prefix}leases`: ASCII letters, digits and underscores, not
-    /// starting with a digit. Default `keyed_locks_`.
+    /// The lease table is `{prefix}leases`, with `{prefix}fences` and `{prefix}run` beside it
+    /// (see `docs/cluster.md`): ASCII letters, digits and underscores, not starting with a
+    /// digit. Default `keyed_locks_`.
     pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.config.table_prefix = prefix.into();
         self
