@@ -70,8 +70,8 @@ use super::notices::LeaseNotices;
 pub(crate) struct PgLeaseStore {
     core: Arc<StoreCore>,
     lease: Duration,
-    /// Acquisitions and releases of many keys go to the server together, as one statement
-    /// (`batch`).
+    /// Acquisitions, renewals and releases of many keys go to the server together, as one
+    /// statement (`batch`).
     changes: Batcher<Change, Changed>,
     listener: AbortHandle,
 }
