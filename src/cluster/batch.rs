@@ -33,9 +33,9 @@ use super::error::LeaseError;
 /// A request that can share a batch with others.
 pub(crate) trait Batched: Send + 'static {
     /// Requests with equal classes never share a batch (invariant 2).
-    type Conflict: Hash + Eq;
+    type Conflict: Hash + Eq + ?Sized;
 
-    fn conflict(&self) -> Self::Conflict;
+    fn conflict(&self) -> &Self::Conflict;
 }
 
 /// Runs one batch: the answers, one per request and in their order, or the batch's error.
@@ -143,28 +143,26 @@ async fn flush<Request: Batched, Answer>(shared: Arc<Shared<Request, Answer>>) {
             take_batch(&mut queue.waiting)
         };
         let (requests, answers): (Vec<Request>, Vec<_>) = batch.into_iter().unzip();
-        let expected = requests.len();
-        match (shared.run)(requests).await {
-            Ok(replies) if replies.len() == expected => {
+        let sent = requests.len();
+        let replies = match (shared.run)(requests).await {
+            Ok(replies) if replies.len() != sent => Err(LeaseError::BatchAnswers {
+                sent,
+                answered: replies.len(),
+            }),
+            replies => replies,
+        };
+        // A caller that went away does not want its answer.
+        match replies {
+            Ok(replies) => {
                 for (answer, reply) in answers.into_iter().zip(replies) {
-                    // A caller that went away does not want its answer.
                     let _ = answer.send(Ok(reply));
                 }
             }
-            Ok(replies) => {
-                let error = Arc::new(LeaseError::BatchAnswers {
-                    sent: expected,
-                    answered: replies.len(),
-                });
-                answers.into_iter().for_each(|answer| {
-                    let _ = answer.send(Err(Arc::clone(&error)));
-                });
-            }
             Err(error) => {
                 let error = Arc::new(error);
-                answers.into_iter().for_each(|answer| {
+                for answer in answers {
                     let _ = answer.send(Err(Arc::clone(&error)));
-                });
+                }
             }
         }
     }
@@ -175,10 +173,17 @@ async fn flush<Request: Batched, Answer>(shared: Arc<Shared<Request, Answer>>) {
 fn take_batch<Request: Batched, Answer>(
     waiting: &mut Vec<(Request, Answer)>,
 ) -> Vec<(Request, Answer)> {
+    // Which to take, decided while the classes are borrowed from `waiting`.
     let mut classes = HashSet::new();
+    let taken: Vec<bool> = waiting
+        .iter()
+        .map(|(request, _)| classes.insert(request.conflict()))
+        .collect();
+    drop(classes);
+    let mut taken = taken.into_iter();
     let (batch, rest): (Vec<_>, Vec<_>) = std::mem::take(waiting)
         .into_iter()
-        .partition(|(request, _)| classes.insert(request.conflict()));
+        .partition(|_| taken.next().unwrap_or(false));
     *waiting = rest;
     batch
 }
@@ -190,10 +195,10 @@ mod tests {
     use super::*;
 
     impl Batched for String {
-        type Conflict = String;
+        type Conflict = str;
 
-        fn conflict(&self) -> String {
-            self.clone()
+        fn conflict(&self) -> &str {
+            self
         }
     }
 

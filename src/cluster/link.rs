@@ -235,20 +235,22 @@ impl StatementLink {
             .await
             .map_err(LeaseError::Reconnect)?;
         let driven = Driven::spawn(client, connection);
-        let setup = driven.session.client.batch_execute(&self.on_connect);
-        match tokio::time::timeout(self.statement_timeout, setup).await {
-            Ok(Ok(())) => Ok(driven),
+        if let Err(error) = self.set_up(&driven.session).await {
             // The connection is not kept: a later call opens another and tries again.
-            Ok(Err(error)) => {
-                driven.driver.abort();
-                Err(LeaseError::Statement(error))
-            }
-            Err(_elapsed) => {
-                driven.driver.abort();
-                Err(LeaseError::Timeout {
-                    after: self.statement_timeout,
-                })
-            }
+            driven.driver.abort();
+            return Err(error);
+        }
+        Ok(driven)
+    }
+
+    /// Runs `on_connect` on `session`, within the statement timeout.
+    async fn set_up(&self, session: &Session) -> Result<(), LeaseError> {
+        let setup = session.client.batch_execute(&self.on_connect);
+        match tokio::time::timeout(self.statement_timeout, setup).await {
+            Ok(answer) => answer.map_err(LeaseError::Statement),
+            Err(_elapsed) => Err(LeaseError::Timeout {
+                after: self.statement_timeout,
+            }),
         }
     }
 
@@ -256,17 +258,12 @@ impl StatementLink {
     /// sets up missing (a pooler in between can hide a server restart from this link).
     pub(super) async fn run_on_connect(&self) -> Result<(), LeaseError> {
         let session = self.session().await?;
-        let setup = session.client.batch_execute(&self.on_connect);
-        match tokio::time::timeout(self.statement_timeout, setup).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(LeaseError::Statement(error)),
-            Err(_elapsed) => {
-                self.forget(&session).await;
-                Err(LeaseError::Timeout {
-                    after: self.statement_timeout,
-                })
-            }
+        let ran = self.set_up(&session).await;
+        if matches!(ran, Err(LeaseError::Timeout { .. })) {
+            // As after any statement that timed out: replies come in order, so drop it.
+            self.forget(&session).await;
         }
+        ran
     }
 
     /// Drops the connection of `session`, unless another call has already replaced it.

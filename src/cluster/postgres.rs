@@ -72,7 +72,7 @@ pub(crate) struct PgLeaseStore {
     lease: Duration,
     /// Acquisitions, renewals and releases of many keys go to the server together, as one
     /// statement (`batch`).
-    changes: Batcher<Change, Changed>,
+    changes: Batcher<Change, Option<Fence>>,
     listener: AbortHandle,
 }
 
@@ -93,17 +93,6 @@ enum Change {
     Release { key: String, fence: i64 },
 }
 
-/// What a change did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Changed {
-    /// The new fence if taken, `None` if another owner holds the key.
-    Acquired(Option<Fence>),
-    /// Whether the lease was ours and live, and is extended.
-    Renewed(bool),
-    /// Whether the lease was ours and is released.
-    Released(bool),
-}
-
 impl Change {
     fn key(&self) -> &str {
         match self {
@@ -112,14 +101,23 @@ impl Change {
             }
         }
     }
+
+    /// The change as `apply` takes it: key, fence (none to acquire), renewing.
+    fn columns(&self) -> (&str, Option<i64>, bool) {
+        match self {
+            Change::Acquire { key } => (key, None, false),
+            Change::Renew { key, fence } => (key, Some(*fence), true),
+            Change::Release { key, fence } => (key, Some(*fence), false),
+        }
+    }
 }
 
 impl Batched for Change {
-    type Conflict = String;
+    type Conflict = str;
 
     /// One change per row and statement: a row cannot be changed twice in one statement.
-    fn conflict(&self) -> String {
-        self.key().to_owned()
+    fn conflict(&self) -> &str {
+        self.key()
     }
 }
 
@@ -180,9 +178,26 @@ impl PgLeaseStore {
         Ok((store, notices))
     }
 
-    /// Sends `change` in the next batch and waits for what it did.
-    async fn submit(&self, change: Change) -> Result<Changed, LeaseError> {
+    /// Sends `change` in the next batch and waits for what it did: the lease's fence if it was
+    /// made (taken, renewed or released), `None` if not.
+    async fn submit(&self, change: Change) -> Result<Option<Fence>, LeaseError> {
         self.changes.submit(change).await.map_err(LeaseError::Batch)
+    }
+
+    /// Renews or releases (`change`) our lease `fence` of `key`: whether it was ours.
+    async fn change_lease(
+        &self,
+        key: &str,
+        fence: Fence,
+        change: fn(String, i64) -> Change,
+    ) -> Result<bool, LeaseError> {
+        check_key(key)?;
+        // A fence beyond the column's range was never handed out: not ours.
+        let Ok(fence) = i64::try_from(fence) else {
+            return Ok(false);
+        };
+        let made = self.submit(change(key.to_owned(), fence)).await?;
+        Ok(made.is_some())
     }
 
     /// This store's owner id, as the table's `owner` column holds it (the tests look for it).
@@ -208,17 +223,13 @@ impl StoreCore {
     /// Applies every change of `batch` in one statement: acquires each key to acquire that is
     /// free, expired or ours (marking the others wanted), renews each lease to renew that is
     /// still ours and live, and releases each lease to release that is still ours.
-    async fn change_batch(self: Arc<Self>, batch: Vec<Change>) -> Result<Vec<Changed>, LeaseError> {
+    async fn change_batch(
+        self: Arc<Self>,
+        batch: Vec<Change>,
+    ) -> Result<Vec<Option<Fence>>, LeaseError> {
         // Rows are locked in key order in every batch of every process: no two batches can
         // wait for each other.
-        let mut changes: Vec<(&str, Option<i64>, bool)> = batch
-            .iter()
-            .map(|change| match change {
-                Change::Acquire { key } => (key.as_str(), None, false),
-                Change::Renew { key, fence } => (key.as_str(), Some(*fence), true),
-                Change::Release { key, fence } => (key.as_str(), Some(*fence), false),
-            })
-            .collect();
+        let mut changes: Vec<_> = batch.iter().map(Change::columns).collect();
         changes.sort_unstable();
         let mut values = self.values();
         for (key, fence, renewing) in changes {
@@ -245,22 +256,19 @@ impl StoreCore {
             answer => answer?,
         };
         // A row comes back for each key taken, wanted, renewed or released; none for a renewal
-        // or release that was not ours, or an acquisition in the quiet time after a crash.
-        let mut changed = HashMap::with_capacity(rows.len());
+        // or release that was not ours, or an acquisition in the quiet time after a crash. An
+        // acquisition was made if it took the row; a renewal or release, if it has a row.
+        let mut made = HashMap::with_capacity(rows.len());
         for row in &rows {
             let taken: bool = row.try_get("taken").map_err(LeaseError::Statement)?;
-            let fence = if taken { Some(fence_of(row)?) } else { None };
-            changed.insert(key_of(row)?, fence);
+            made.insert(key_of(row)?, (taken, fence_of(row)?));
         }
         Ok(batch
             .iter()
             .map(|change| {
-                let answer = changed.get(change.key());
-                match change {
-                    Change::Acquire { .. } => Changed::Acquired(answer.copied().flatten()),
-                    Change::Renew { .. } => Changed::Renewed(answer.is_some()),
-                    Change::Release { .. } => Changed::Released(answer.is_some()),
-                }
+                let &(taken, fence) = made.get(change.key())?;
+                let acquiring = matches!(change, Change::Acquire { .. });
+                (taken || !acquiring).then_some(fence)
             })
             .collect())
     }
@@ -271,54 +279,23 @@ fn key_of(row: &Row) -> Result<String, LeaseError> {
     row.try_get("key").map_err(LeaseError::Statement)
 }
 
-/// What a change answered with an answer of another kind gets. `change_batch` answers each
-/// change with its own kind; another would be no answer for it.
-const NO_ANSWER: LeaseError = LeaseError::BatchAnswers {
-    sent: 1,
-    answered: 0,
-};
-
 impl LeaseStore for PgLeaseStore {
     async fn acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
         check_key(key)?;
-        let change = Change::Acquire {
+        self.submit(Change::Acquire {
             key: key.to_owned(),
-        };
-        match self.submit(change).await? {
-            Changed::Acquired(fence) => Ok(fence),
-            Changed::Renewed(_) | Changed::Released(_) => Err(NO_ANSWER),
-        }
+        })
+        .await
     }
 
     async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
-        check_key(key)?;
-        // A fence beyond the column's range was never handed out: not ours.
-        let Ok(fence) = i64::try_from(fence) else {
-            return Ok(false);
-        };
-        let change = Change::Renew {
-            key: key.to_owned(),
-            fence,
-        };
-        match self.submit(change).await? {
-            Changed::Renewed(renewed) => Ok(renewed),
-            Changed::Acquired(_) | Changed::Released(_) => Err(NO_ANSWER),
-        }
+        self.change_lease(key, fence, |key, fence| Change::Renew { key, fence })
+            .await
     }
 
     async fn release(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
-        check_key(key)?;
-        let Ok(fence) = i64::try_from(fence) else {
-            return Ok(false);
-        };
-        let change = Change::Release {
-            key: key.to_owned(),
-            fence,
-        };
-        match self.submit(change).await? {
-            Changed::Released(released) => Ok(released),
-            Changed::Acquired(_) | Changed::Renewed(_) => Err(NO_ANSWER),
-        }
+        self.change_lease(key, fence, |key, fence| Change::Release { key, fence })
+            .await
     }
 
     async fn release_all(&self) -> Result<u64, LeaseError> {

@@ -155,6 +155,22 @@ where
     }
 }
 
+/// `waiter` is refused `key`, which marks it wanted, then `holder` releases its lease `fence`:
+/// a release that is announced.
+async fn release_while_wanted(
+    holder: &PgLeaseStore,
+    waiter: &PgLeaseStore,
+    key: &str,
+    fence: Fence,
+) {
+    assert_eq!(waiter.acquire(key).await.ok(), Some(None), "{key} is held");
+    assert_eq!(
+        holder.release(key, fence).await.ok(),
+        Some(true),
+        "{key} is ours"
+    );
+}
+
 async fn acquired(store: &PgLeaseStore, key: &str) -> Fence {
     match store.acquire(key).await {
         Ok(Some(fence)) => fence,
@@ -242,8 +258,7 @@ async fn a_lost_listening_connection_is_made_again_and_says_missed() {
     assert!(new_pid.is_some_and(|pid| pid != old_pid));
     // And the new connection listens.
     let fence = acquired(&holder, "k").await;
-    assert_eq!(waiter.acquire("k").await.ok(), Some(None));
-    assert_eq!(holder.release("k", fence).await.ok(), Some(true));
+    release_while_wanted(&holder, &waiter, "k", fence).await;
     assert_eq!(next_notice(&mut notices).await, released("k"));
 }
 
@@ -816,8 +831,7 @@ async fn only_a_release_that_someone_was_refused_is_announced() {
     let again = acquired(&waiter, "wanted").await;
     assert_eq!(waiter.release("wanted", again).await.ok(), Some(true));
     let last = acquired(&holder, "last").await;
-    assert_eq!(waiter.acquire("last").await.ok(), Some(None));
-    assert_eq!(holder.release("last", last).await.ok(), Some(true));
+    release_while_wanted(&holder, &waiter, "last", last).await;
     assert_eq!(next_notice(&mut notices).await, released("last"));
 }
 
@@ -903,7 +917,7 @@ async fn the_lease_statements_cost_too_little_for_the_server_to_compile_them() {
 async fn a_lease_table_made_before_wanted_existed_gets_the_column_and_keeps_its_fences() {
     let prefix = "kl_test_old_table_";
     let admin = fresh_table(prefix).await;
-    // The table as the first versions made it, with a key taken seven times.
+    // A lease table without `wanted`, with a key taken seven times.
     admin
         .batch_execute(&format!(
             "CREATE TABLE \"{prefix}leases\" (key text PRIMARY KEY, owner text, \
@@ -915,8 +929,7 @@ async fn a_lease_table_made_before_wanted_existed_gets_the_column_and_keeps_its_
     let (waiter, mut notices) = store(&config(prefix)).await;
     let (holder, _holder_notices) = store(&config(prefix)).await;
     assert_eq!(acquired(&holder, "k").await, 8);
-    assert_eq!(waiter.acquire("k").await.ok(), Some(None));
-    assert_eq!(holder.release("k", 8).await.ok(), Some(true));
+    release_while_wanted(&holder, &waiter, "k", 8).await;
     assert_eq!(next_notice(&mut notices).await, released("k"));
 }
 
