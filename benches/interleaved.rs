@@ -13,7 +13,7 @@
 //! table of its own, measured the same way against its own peers.
 //!
 //! `cargo bench --bench interleaved` prints the tables and writes
-//! `target/bench-report/interleaved.json`, which `examples/bench_report.rs` reads.
+//! `target/bench-report/interleaved.json`, which `bench_report.rs` reads.
 
 mod contenders;
 mod workloads;

@@ -3,7 +3,7 @@
 //! stopped changing, after the previous contender's memory was freed.
 //!
 //! Run with `cargo bench --bench memory`. It prints a Markdown table and writes
-//! `target/bench-report/memory.json` for `examples/bench_report.rs`.
+//! `target/bench-report/memory.json` for `bench_report.rs`.
 //!
 //! - `waiters`: 100,000 waiters on one held key, measured twice: as 100,000 tokio tasks (heap
 //!   bytes per waiting task, the task included; tokio rounds task cells to 128 bytes, and the

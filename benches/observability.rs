@@ -7,7 +7,7 @@
 //!   with them), the price of listening.
 //!
 //! The first two should be equal, and equal to a build without spans (the instruction counts
-//! of `examples/profile_distinct.rs` under callgrind compare builds; see
+//! of `profile_distinct.rs` under callgrind compare builds; see
 //! `docs/performance-log.md`). Run with `cargo bench --bench observability`.
 
 use std::time::{Duration, Instant};

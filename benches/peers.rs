@@ -3,7 +3,7 @@
 //! (the floor), all on one tokio multi-thread runtime with 2 workers.
 //!
 //! Run with `cargo bench --bench peers`; criterion writes its estimates under
-//! `target/criterion/<workload>/<contender>/`, which `examples/bench_report.rs` reads. One
+//! `target/criterion/<workload>/<contender>/`, which `bench_report.rs` reads. One
 //! criterion iteration is one whole run of the workload; its elements are lock/unlock pairs.
 
 mod contenders;

@@ -5,21 +5,52 @@
 //! in actor mode (`Execution::ActorTask`).
 //!
 //! ```sh
-//! cargo build --release --example profile_distinct
-//! valgrind --tool=callgrind target/release/examples/profile_distinct   # instructions
-//! valgrind --tool=callgrind target/release/examples/profile_distinct --actor
-//! perf stat target/release/examples/profile_distinct --workers 2       # CPU, kernel share
+//! cargo bench --bench profile_distinct                  # run by cargo, built with `--release`
+//! cargo bench --bench profile_distinct -- --workers 2 --actor
+//! cargo bench --no-run --bench profile_distinct         # build only; prints the binary's path
+//! binary="$(cargo bench --no-run --bench profile_distinct --message-format=json |
+//!   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')"
+//! valgrind --tool=callgrind "$binary"                   # instructions
+//! valgrind --tool=callgrind "$binary" --actor
+//! perf stat "$binary" --workers 2                       # CPU, kernel share
 //! ```
+
+mod command_line;
 
 use std::time::Instant;
 
+use clap::Parser;
 use keyed_locks::{Execution, LockError, LockRegistry};
 
 const PAIRS: u64 = 300_000;
 
+/// The `distinct` workload for profilers: one task locks and unlocks 300,000 new keys in turn
+/// and prints the time per pair.
+#[derive(Debug, Parser)]
+#[command(args_override_self = true)]
+struct Cli {
+    /// Run on a multi-thread runtime with N workers, as the benchmarks do [default: a
+    /// current-thread runtime, for repeatable instruction counts]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    workers: Option<usize>,
+    /// Build the registry in actor mode (`Execution::ActorTask`)
+    #[arg(long)]
+    actor: bool,
+    #[command(flatten)]
+    runner: command_line::Runner,
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let Options { workers, execution } = options_from_args()?;
-    match workers {
+    let cli: Cli = command_line::parse();
+    if !cli.runner.picks_this_program() {
+        return Ok(());
+    }
+    let execution = if cli.actor {
+        Execution::ActorTask
+    } else {
+        Execution::RunOnCaller
+    };
+    match cli.workers {
         None => on_current_thread(execution)?,
         Some(workers) => on_workers(workers, execution)?,
     }
@@ -70,29 +101,9 @@ fn on_workers(workers: usize, execution: Execution) -> Result<(), Box<dyn std::e
     })
 }
 
-struct Options {
-    /// `--workers N`: a multi-thread runtime with N workers; a current-thread one if `None`.
-    workers: Option<usize>,
-    /// `--actor`: actor mode.
-    execution: Execution,
-}
-
-fn options_from_args() -> Result<Options, String> {
-    const USAGE: &str = "usage: profile_distinct [--workers N] [--actor]";
-    let mut options = Options {
-        workers: None,
-        execution: Execution::RunOnCaller,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--actor" => options.execution = Execution::ActorTask,
-            "--workers" => match args.next().map(|workers| workers.parse()) {
-                Some(Ok(workers)) if workers > 0 => options.workers = Some(workers),
-                _ => return Err(format!("--workers takes a positive number; {USAGE}")),
-            },
-            _ => return Err(USAGE.to_owned()),
-        }
+fn positive(text: &str) -> Result<usize, String> {
+    match text.parse() {
+        Ok(workers) if workers > 0 => Ok(workers),
+        _ => Err("not a positive number".to_owned()),
     }
-    Ok(options)
 }

@@ -11,13 +11,21 @@
 //!
 //! ```text
 //! cargo bench --bench interleaved && cargo bench --bench peers && cargo bench --bench memory
-//! cargo run --release --example bench_report
+//! cargo bench --bench bench_report
 //! ```
+//!
+//! It runs only under `cargo bench`, which passes `--bench`: `cargo test --benches` runs it
+//! without, and then it leaves the report and the chart alone. Plain `cargo bench` runs it
+//! first (cargo runs the benchmarks in the order of their names), on the results of the run
+//! before; with no results at all it leaves `docs/bench.svg` as it is.
+
+mod command_line;
 
 use std::error::Error;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use clap::Parser;
 use serde_json::Value;
 
 /// This crate, as the benchmarks name it: the default registry, then in actor mode (every
@@ -142,7 +150,19 @@ const MEASURES: [Measure; 7] = [
     },
 ];
 
+/// Turns the results of `cargo bench --bench interleaved`, `--bench peers` and `--bench memory`
+/// into the README's tables (`target/bench-report/report.md`) and chart (`docs/bench.svg`).
+#[derive(Debug, Parser)]
+struct Cli {
+    #[command(flatten)]
+    runner: command_line::Runner,
+}
+
 fn main() -> Result<(), Box<dyn Error>> {
+    let cli: Cli = command_line::parse();
+    if !cli.runner.bench || !cli.runner.picks_this_program() {
+        return Ok(());
+    }
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -175,6 +195,19 @@ fn main() -> Result<(), Box<dyn Error>> {
     std::fs::create_dir_all(&report_dir)?;
     std::fs::write(report_dir.join("report.md"), &report)?;
     let chart = crate_dir.join("docs").join("bench.svg");
+    // Plain `cargo bench` runs this first, before any benchmark on a fresh checkout: a chart
+    // of nothing would replace the committed one.
+    let measured = interleaved.is_some()
+        || memory.is_some()
+        || throughput.iter().flatten().any(Option::is_some);
+    if !measured {
+        eprintln!(
+            "wrote {}; no results, so {} is left as it is",
+            report_dir.join("report.md").display(),
+            chart.display()
+        );
+        return Ok(());
+    }
     std::fs::create_dir_all(crate_dir.join("docs"))?;
     let charted = interleaved
         .as_ref()

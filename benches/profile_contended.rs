@@ -4,29 +4,50 @@
 //! Prints the time per pair. `--actor` builds the registry in actor mode.
 //!
 //! ```sh
-//! cargo run --release --example profile_contended            # spread
-//! cargo run --release --example profile_contended -- --hot   # one key
-//! cargo run --release --example profile_contended -- --actor
+//! cargo bench --bench profile_contended                 # spread
+//! cargo bench --bench profile_contended -- --hot        # one key
+//! cargo bench --bench profile_contended -- --actor
+//! cargo bench --no-run --bench profile_contended        # build only; prints the binary's path
 //! ```
+
+mod command_line;
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use clap::Parser;
 use keyed_locks::{Execution, LockError, LockRegistry};
 
 const TASKS: u64 = 512;
 const PAIRS_PER_TASK: u64 = 600;
 const KEYS: u64 = 10_000;
 
+/// The `spread` and `hot` workloads of the benchmarks as one program: 512 tasks on a 2-worker
+/// runtime, 600 lock/unlock pairs each, a `yield_now` inside every critical section, over
+/// 10,000 keys. Prints the time per pair.
+#[derive(Debug, Parser)]
+#[command(args_override_self = true)]
+struct Cli {
+    /// Lock one key instead of 10,000 (the `hot` workload)
+    #[arg(long)]
+    hot: bool,
+    /// Build the registry in actor mode (`Execution::ActorTask`)
+    #[arg(long)]
+    actor: bool,
+    #[command(flatten)]
+    runner: command_line::Runner,
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (mut hot, mut execution) = (false, Execution::RunOnCaller);
-    for arg in std::env::args().skip(1) {
-        match arg.as_str() {
-            "--hot" => hot = true,
-            "--actor" => execution = Execution::ActorTask,
-            _ => return Err("usage: profile_contended [--hot] [--actor]".into()),
-        }
+    let Cli { hot, actor, runner } = command_line::parse();
+    if !runner.picks_this_program() {
+        return Ok(());
     }
+    let execution = if actor {
+        Execution::ActorTask
+    } else {
+        Execution::RunOnCaller
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .build()?;

@@ -4,24 +4,46 @@
 //! actor mode (`Execution::ActorTask`).
 //!
 //! ```sh
-//! cargo build --release --example profile_hot
-//! perf record -e cpu-clock -g target/release/examples/profile_hot   # where the time goes
-//! strace -f -c -e trace=futex target/release/examples/profile_hot   # threads parked and woken
+//! cargo bench --bench profile_hot -- --actor      # run by cargo, built with `--release`
+//! cargo bench --no-run --bench profile_hot        # build only; prints the binary's path
+//! binary="$(cargo bench --no-run --bench profile_hot --message-format=json |
+//!   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')"
+//! perf record -e cpu-clock -g "$binary"           # where the time goes
+//! strace -f -c -e trace=futex "$binary"           # threads parked and woken
 //! ```
+
+mod command_line;
 
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use keyed_locks::{Execution, LockRegistry};
 
 const TASKS: u64 = 512;
 const PAIRS_PER_TASK: u64 = 200;
 const RUNS: u32 = 10;
 
+/// The `hot` workload for profilers: 512 tasks take one key 200 times each, with a `yield_now`
+/// inside, on a multi-thread runtime of 2 workers, 10 runs; prints the time per pair.
+#[derive(Debug, Parser)]
+#[command(args_override_self = true)]
+struct Cli {
+    /// Build the registry in actor mode (`Execution::ActorTask`)
+    #[arg(long)]
+    actor: bool,
+    #[command(flatten)]
+    runner: command_line::Runner,
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let execution = match std::env::args().nth(1).as_deref() {
-        None => Execution::RunOnCaller,
-        Some("--actor") => Execution::ActorTask,
-        Some(_) => return Err("usage: profile_hot [--actor]".into()),
+    let cli: Cli = command_line::parse();
+    if !cli.runner.picks_this_program() {
+        return Ok(());
+    }
+    let execution = if cli.actor {
+        Execution::ActorTask
+    } else {
+        Execution::RunOnCaller
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
