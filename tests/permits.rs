@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures::future::join_all;
-use keyed_locks::{LockRegistry, PermitsError, TryPermitsError};
+use keyed_locks::{JournalError, LockRegistry, PermitsError, TryPermitsError};
 use tokio::time::timeout;
 use tokio_test::{assert_pending, task};
 
@@ -81,6 +81,52 @@ async fn exclusive_after_two_shared_holds_waits_for_both_releases_in_every_mode(
         let guard = timeout(BOUND, exclusive).await.unwrap().unwrap();
         assert_eq!(registry.stats().await.unwrap().holders, 1);
         drop(guard);
+        assert_eq!(registry.stats().await.unwrap().keys, 0);
+    }
+}
+
+/// Permits are never summed past `u32::MAX`: with a capacity of `u32::MAX`, one permit more
+/// than is free is refused (and waits), and the journal of the run replays, in every mode.
+#[tokio::test]
+async fn permits_near_u32_max_never_exceed_the_capacity_in_every_mode() {
+    for builder in builders::<u32>() {
+        let registry = builder.capacity(capacity(u32::MAX)).journal(100).spawn();
+        let most = registry.acquire(1, u32::MAX - 1).await.unwrap();
+        assert_eq!(
+            registry.try_acquire(1, 2).await.unwrap_err(),
+            TryPermitsError::WouldBlock
+        );
+        let mut two = task::spawn(registry.acquire(1, 2));
+        assert_pending!(two.poll());
+        assert_eq!(
+            registry.stats().await.unwrap().permits,
+            (u32::MAX - 1) as usize
+        );
+        drop(most);
+        let two = timeout(BOUND, two).await.unwrap().unwrap();
+        assert_eq!(registry.stats().await.unwrap().permits, 2);
+        drop(two);
+        // A sharded registry keeps no single journal; one shard replays what it did.
+        match registry.journal().await {
+            Ok(journal) => keyed_locks::replay::verify(&journal).unwrap(),
+            Err(error) => assert_eq!(error, JournalError::Sharded),
+        }
+        assert_eq!(registry.stats().await.unwrap().keys, 0);
+    }
+}
+
+/// With a capacity above 2^31 two exclusive locks sum past `u32::MAX`; the second still waits.
+#[tokio::test]
+async fn exclusive_locks_exclude_each_other_with_a_capacity_above_half_of_u32_in_every_mode() {
+    for builder in builders::<u32>() {
+        let registry = builder.capacity(capacity((1 << 31) + 1)).spawn();
+        let first = registry.lock(1).await.unwrap();
+        assert!(registry.try_lock(1).await.is_err());
+        assert!(registry.try_lock_all([1, 2]).await.is_err());
+        let mut second = task::spawn(registry.lock(1));
+        assert_pending!(second.poll());
+        drop(first);
+        drop(timeout(BOUND, second).await.unwrap().unwrap());
         assert_eq!(registry.stats().await.unwrap().keys, 0);
     }
 }

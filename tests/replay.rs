@@ -405,3 +405,24 @@ async fn a_journal_of_a_registry_with_permits_starts_with_its_capacity_and_repla
     let fewer_permits = Journal::<u32>::from_json_lines(&fewer_permits).unwrap();
     assert!(verify(&fewer_permits).is_err());
 }
+
+/// A trace whose permits would sum past `u32::MAX` replays without a panic, and the request
+/// that does not fit is not granted.
+#[test]
+fn a_trace_whose_permits_would_wrap_replays_and_grants_only_what_fits() {
+    let trace = r#"{"format":"keyed-locks-trace","version":3,"dropped":0}
+{"seq":1,"at_ns":0,"event":{"capacity":{"permits":4294967295}}}
+{"seq":2,"at_ns":0,"event":{"acquire":{"waiter":1,"key":1,"permits":4294967294}}}
+{"seq":3,"at_ns":0,"event":{"acquire":{"waiter":2,"key":1,"permits":2}}}
+"#;
+    let journal = Journal::<u64>::from_json_lines(trace).unwrap();
+    let replayed = replay(&journal).unwrap();
+    let granted: Vec<_> = replayed
+        .iter()
+        .filter_map(|entry| match entry.event {
+            JournalEvent::Grant { waiter, .. } => Some(waiter),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(granted.len(), 1, "{replayed:?}");
+}

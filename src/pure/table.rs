@@ -908,7 +908,7 @@ where
                          for nothing else",
                         first.waiter_id,
                         first.permits.get(),
-                        self.ledger.capacity.get() - entry.permits
+                        self.ledger.capacity.get().saturating_sub(entry.permits)
                     ),
                 );
             }
@@ -1015,11 +1015,19 @@ impl Entry {
     }
 }
 
+/// Whether `asked` permits fit beside the `held` ones of a key with `capacity`. Compared as
+/// what is left rather than as a sum, which would wrap in `u32` for a capacity near
+/// `u32::MAX`. `held` is at most `capacity` (invariant 3); were it not, nothing would fit.
+#[inline]
+fn fits_beside(capacity: NonZeroU32, held: u32, asked: Permits) -> bool {
+    asked.get() <= capacity.get().saturating_sub(held)
+}
+
 impl<K, D> Ledger<K, D> {
     /// Whether `permits` more fit in `entry` (invariant 3).
     #[inline]
     fn fits(&self, entry: &Entry, permits: Permits) -> bool {
-        entry.permits + permits.get() <= self.capacity.get()
+        fits_beside(self.capacity, entry.permits, permits)
     }
 
     /// Hands out the next fencing token (invariant 8). A `u64` does not wrap in practice: at
@@ -1087,7 +1095,7 @@ impl<K, D> Ledger<K, D> {
             };
             // Fields rather than `fits` and `next_token`: the record stays borrowed, so one
             // lookup serves the whole grant.
-            if entry.permits + permits.get() > self.capacity.get() {
+            if !fits_beside(self.capacity, entry.permits, permits) {
                 return Next::Blocked;
             }
             if group {

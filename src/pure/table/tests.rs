@@ -915,6 +915,48 @@ fn shared_holders_share_up_to_capacity_and_an_exclusive_waits_for_all_of_them() 
     assert!(grants[0].fencing_token > second.fencing_token);
 }
 
+/// Permits are compared as what is left of the capacity, never summed in `u32`: near
+/// `u32::MAX` a sum would wrap and let a request in over the capacity.
+#[test]
+fn permits_near_u32_max_never_exceed_the_capacity() {
+    let mut table = table_with(u32::MAX);
+    let most = granted(table.acquire_permits("k", table.permits(u32::MAX - 1).unwrap(), "most"));
+    let two = table.permits(2).unwrap();
+    assert_eq!(table.try_acquire_permits("k", two), Err(WouldBlock));
+    let waiting = queued(table.acquire_permits("k", two, "two"));
+    step(&table);
+    let one = granted(table.acquire_permits("j", table.permits(1).unwrap(), "elsewhere"));
+    assert_eq!(table.stats().permits, u32::MAX as usize);
+    let mut grants = Vec::new();
+    table.release(most.waiter_id, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants.len(), 1);
+    assert_eq!(grants[0].waiter_id, waiting);
+    assert_eq!(table.stats().permits, 3);
+    table.release(one.waiter_id, &mut grants).unwrap();
+    table.release(waiting, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(table.stats().keys, 0);
+}
+
+/// With a capacity above 2^31 two exclusive requests sum past `u32::MAX`: the second must
+/// wait for the first, on every path that grants (acquire, try, the queue, several keys).
+#[test]
+fn exclusive_locks_exclude_each_other_with_a_capacity_above_half_of_u32() {
+    let mut table = table_with((1 << 31) + 1);
+    let first = granted(table.acquire("k", "first"));
+    assert_eq!(table.try_acquire("k"), Err(WouldBlock));
+    assert_eq!(table.try_acquire_all(keys(&["k", "j"])), Err(WouldBlock));
+    let second = queued(table.acquire("k", "second"));
+    step(&table);
+    let mut grants = Vec::new();
+    table.release(first.waiter_id, &mut grants).unwrap();
+    step(&table);
+    assert_eq!(grants.len(), 1);
+    assert_eq!(grants[0].waiter_id, second);
+    assert_eq!(table.stats().holders, 1);
+}
+
 /// Ported from moby/locker's RWMutex tests: a task takes the shared lock twice and then asks
 /// for the exclusive lock; it stays blocked after the first shared release and proceeds after
 /// the second.
