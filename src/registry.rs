@@ -525,6 +525,11 @@ impl<K: LockKey> LockRegistry<K> {
         };
         let mut acquisition =
             Acquisition::start(call, &KeysOf(&keys_by_shard), None, &self.histograms);
+        // An empty set asks no shard, so no shard can refuse it: ask whether they are closed,
+        // so that after a shutdown every call gets `Closed`, this one too.
+        if keys_by_shard.is_empty() && self.is_closed() {
+            return Err(refused(acquisition, NotGranted::Closed));
+        }
         let mut guard = MultiGuard::new();
         for (shard, keys) in keys_by_shard {
             let shard = &self.shards[shard];

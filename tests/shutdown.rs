@@ -56,3 +56,29 @@ async fn the_registry_stops_by_itself_when_the_last_handle_and_guard_are_gone() 
     actor.wait_for_shutdown().await;
     assert!(!actor.is_alive());
 }
+
+/// An empty key set asks no shard, and still gets `Closed` once the registry has shut down,
+/// from every form of `lock_all`, in every mode.
+#[tokio::test]
+async fn lock_all_of_no_keys_after_shutdown_is_closed_in_every_mode() {
+    for builder in crate::configurations::builders::<u32>() {
+        let registry = builder.spawn();
+        assert!(registry.lock_all([]).await.unwrap().is_empty());
+        registry.shutdown().await;
+        assert_eq!(registry.lock_all([]).await.unwrap_err(), LockError::Closed);
+        assert_eq!(
+            registry.try_lock_all([]).await.unwrap_err(),
+            TryLockError::Closed
+        );
+        let (blocking, blocking_try) = tokio::task::spawn_blocking(move || {
+            (
+                registry.blocking_lock_all([]).map(|guard| guard.len()),
+                registry.blocking_try_lock_all([]).map(|guard| guard.len()),
+            )
+        })
+        .await
+        .unwrap();
+        assert_eq!(blocking, Err(LockError::Closed));
+        assert_eq!(blocking_try, Err(TryLockError::Closed));
+    }
+}
