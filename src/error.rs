@@ -8,7 +8,9 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LockError {
-    /// The registry has shut down (or its actor stopped): it grants nothing any more.
+    /// The registry has shut down (or its actor stopped): it grants nothing any more. Besides
+    /// [`shutdown`](crate::LockRegistry::shutdown), a shard also closes when a key's `Hash`,
+    /// `Eq`, `Clone` or `Debug` panics inside its step (see [`LockKey`](crate::LockKey)).
     Closed,
 }
 

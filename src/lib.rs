@@ -201,6 +201,13 @@
 //! symptom: a grant nobody picked up. The repository's `futurelock` example makes one, and shows
 //! both the warning and the fix.
 //!
+//! **Every call suddenly returns `Closed`, though I never called `shutdown`.** A key's
+//! `Hash`, `Eq`, `Clone` or `Debug` panicked inside the registry's step. The table may then be
+//! half-changed, so the shard closes rather than hand out wrong grants: the panic reached the
+//! caller that ran the step, and from then on every call on that shard gets
+//! [`LockError::Closed`], which with one shard (the default) is every key. Keys whose traits
+//! cannot panic never do this; see [`LockKey`].
+//!
 //! **Why is there no lock timeout parameter?** Because every call is cancel safe: dropping a
 //! waiting future leaves nothing behind, so `tokio::time::timeout` around any call is the
 //! timeout, and `select!` with any other event (shutdown, a client disconnect) works the same way.
@@ -220,6 +227,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![deny(unused_must_use)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The layers, one folder each:
 // - `pure`: the lock table and what records, writes and replays it. No tokio, no kameo, no
@@ -300,6 +308,15 @@ pub use runtime::actor::RegistryActor;
 
 /// What a key must be: hashable, comparable, cloneable, printable for `tracing`, and movable
 /// across tasks. Implemented for every such type.
+///
+/// # Panics
+///
+/// The registry runs a key's `Hash`, `Eq`, `Clone` and `Debug` inside the step that changes
+/// its shard's table. If one of them panics, the table may be half-changed, so the shard
+/// closes rather than go on with it: the panic reaches the caller, and every waiter and every
+/// later call on that shard gets [`LockError::Closed`]. With one shard (the default) that is
+/// every key of the registry. Keys whose traits cannot panic (integers, strings, and
+/// `#[derive]`d types of them) never close anything.
 pub trait LockKey: Hash + Eq + Clone + Debug + Send + Sync + 'static {}
 
 impl<K> LockKey for K where K: Hash + Eq + Clone + Debug + Send + Sync + 'static {}
