@@ -35,55 +35,41 @@
 use std::io::Write as _;
 use std::time::Duration;
 
+use clap::Parser;
 use keyed_locks::ClusterRegistry;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-const USAGE: &str = "usage: cluster [--database-url URL] [--prefix P] --key K --increments N \
-                     [--hold-ms H] [--lease-ms L]";
-
+/// Several processes increment one counter under a cluster-wide lock, and a fencing token
+/// keeps a stale holder's write out.
+#[derive(Debug, Parser)]
+#[command(args_override_self = true)]
 struct Options {
+    /// The PostgreSQL server (the `DATABASE_URL` environment variable, if set)
+    #[arg(long, value_name = "URL", default_value_t = default_database_url())]
     database_url: String,
+    /// The tables' prefix: `{P}leases` (the registry's) and `{P}counters` (the demo's)
+    #[arg(long, value_name = "P", default_value = "keyed_locks_demo_")]
     prefix: String,
+    /// The key to lock, and the counter's
+    #[arg(long, value_name = "K")]
     key: String,
+    /// How many increments to make
+    #[arg(long, value_name = "N")]
     increments: u64,
-    hold: Duration,
-    lease: Duration,
+    /// How long to hold the lock between reading the counter and writing it, in milliseconds
+    #[arg(long, value_name = "H", default_value_t = 10)]
+    hold_ms: u64,
+    /// The lease time, in milliseconds
+    #[arg(long, value_name = "L", default_value_t = 2000)]
+    lease_ms: u64,
 }
 
-fn options() -> Result<Options, String> {
-    let mut database_url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let mut prefix = "keyed_locks_demo_".to_owned();
-    let (mut key, mut increments) = (None, None);
-    let (mut hold_ms, mut lease_ms) = (10u64, 2000u64);
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or(format!("{flag} needs a value\n{USAGE}"));
-        let number = |text: String| {
-            text.parse::<u64>()
-                .map_err(|_| format!("{flag} takes a whole number, got {text:?}\n{USAGE}"))
-        };
-        match flag.as_str() {
-            "--database-url" => database_url = value()?,
-            "--prefix" => prefix = value()?,
-            "--key" => key = Some(value()?),
-            "--increments" => increments = Some(number(value()?)?),
-            "--hold-ms" => hold_ms = number(value()?)?,
-            "--lease-ms" => lease_ms = number(value()?)?,
-            _ => return Err(format!("unknown argument {flag:?}\n{USAGE}")),
-        }
-    }
-    Ok(Options {
-        database_url,
-        prefix,
-        key: key.ok_or(format!("--key is required\n{USAGE}"))?,
-        increments: increments.ok_or(format!("--increments is required\n{USAGE}"))?,
-        hold: Duration::from_millis(hold_ms),
-        lease: Duration::from_millis(lease_ms),
-    })
+fn default_database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
 /// The demo's counters table, on a connection of its own, made again after the server went away.
@@ -183,16 +169,11 @@ fn say(line: std::fmt::Arguments<'_>) {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let options = match options() {
-        Ok(options) => options,
-        Err(message) => {
-            eprintln!("{message}");
-            std::process::exit(2);
-        }
-    };
+    // A usage error exits 2, clap's code, as before clap; `--help` exits 0.
+    let options = Options::parse();
     let registry = ClusterRegistry::<String>::builder(&options.database_url)
         .table_prefix(&options.prefix)
-        .lease(options.lease)
+        .lease(Duration::from_millis(options.lease_ms))
         .connect()
         .await?;
 
@@ -206,7 +187,7 @@ async fn main() -> Result<(), Error> {
         say(format_args!("granted key={key} token={token}"));
         let increment = async {
             let value = counters.read(key).await?;
-            tokio::time::sleep(options.hold).await;
+            tokio::time::sleep(Duration::from_millis(options.hold_ms)).await;
             if guard.is_lost() {
                 // Still write: this process plays the stale holder the fence must stop.
                 say(format_args!("lost key={key} token={token}"));

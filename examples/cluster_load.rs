@@ -13,7 +13,7 @@
 //! acquisitions of every process, so `grants` summed over the processes divided by `fence` is
 //! how many grants each round trip to the database served.
 //!
-//! Options: `--database-url URL` (default `DATABASE_URL`, else
+//! Options (`--help` lists them): `--database-url URL` (default `DATABASE_URL`, else
 //! `postgres://postgres@127.0.0.1:5432/test`), `--prefix P` (default `keyed_locks_demo_`),
 //! `--key K`, `--tasks T` (default 8), `--locks N` per task (default 50), `--hold-ms H`
 //! (default 1), `--lease-ms L` (default 2000), `--max-local-handoffs M` (default 15; 0 sends
@@ -21,44 +21,69 @@
 
 use std::time::Duration;
 
+use clap::Parser;
 use keyed_locks::ClusterRegistry;
 use tokio::time::Instant;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// Load for cluster mode: many tasks of one process lock one key over and over.
+#[derive(Debug, Parser)]
+#[command(args_override_self = true)]
+struct Options {
+    /// The PostgreSQL server (the `DATABASE_URL` environment variable, if set)
+    #[arg(long, value_name = "URL", default_value_t = default_database_url())]
+    database_url: String,
+    /// The lease table's prefix
+    #[arg(long, value_name = "P", default_value = "keyed_locks_demo_")]
+    prefix: String,
+    /// The key every task locks
+    #[arg(long, value_name = "K")]
+    key: String,
+    /// Tasks in this process
+    #[arg(long, value_name = "T", default_value_t = 8)]
+    tasks: u64,
+    /// Locks per task
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    locks: u64,
+    /// How long each lock is held, in milliseconds
+    #[arg(long, value_name = "H", default_value_t = 1)]
+    hold_ms: u64,
+    /// The lease time, in milliseconds
+    #[arg(long, value_name = "L", default_value_t = 2000)]
+    lease_ms: u64,
+    /// Local hand-offs per lease before it goes back to the database (0: every lock goes to
+    /// the database)
+    #[arg(long, value_name = "M", default_value_t = 15)]
+    max_local_handoffs: u32,
+}
+
+fn default_database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// Parses the command line. A usage error exits 1, as it did before clap (whose code is 2);
+/// `--help` exits 0.
+fn options() -> Options {
+    Options::try_parse().unwrap_or_else(|error| {
+        let _ = error.print();
+        std::process::exit(if error.use_stderr() { 1 } else { 0 })
+    })
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let mut database_url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let mut prefix = "keyed_locks_demo_".to_owned();
-    let mut key = None;
-    let (mut tasks, mut locks, mut hold_ms, mut lease_ms) = (8u64, 50u64, 1u64, 2000u64);
-    let mut max_local_handoffs = 15u32;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args.next().ok_or(format!("{flag} needs a value"))?;
-        let number = || {
-            value
-                .parse::<u64>()
-                .map_err(|_| format!("{flag} takes a number"))
-        };
-        match flag.as_str() {
-            "--database-url" => database_url = value.clone(),
-            "--prefix" => prefix = value.clone(),
-            "--key" => key = Some(value.clone()),
-            "--tasks" => tasks = number()?,
-            "--locks" => locks = number()?,
-            "--hold-ms" => hold_ms = number()?,
-            "--lease-ms" => lease_ms = number()?,
-            "--max-local-handoffs" => {
-                max_local_handoffs = value
-                    .parse()
-                    .map_err(|_| format!("{flag} takes a number"))?;
-            }
-            _ => return Err(format!("unknown argument {flag:?}").into()),
-        }
-    }
-    let key = key.ok_or("--key is required")?;
+    let Options {
+        database_url,
+        prefix,
+        key,
+        tasks,
+        locks,
+        hold_ms,
+        lease_ms,
+        max_local_handoffs,
+    } = options();
     let registry = ClusterRegistry::<String>::builder(&database_url)
         .table_prefix(&prefix)
         .lease(Duration::from_millis(lease_ms))

@@ -30,82 +30,75 @@ use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
+use clap::Parser;
 use keyed_locks::ClusterRegistry;
 use tokio::time::Instant;
 use tokio_postgres::NoTls;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-const USAGE: &str = "usage: cluster_vs_advisory [--workload hot|keys] [--processes P] \
-                     [--tasks T] [--locks N] [--keys K] [--lease-ms L] [--only cluster|advisory] \
-                     [--runtime multi-thread|current-thread] [--database-url URL]";
-
-#[derive(Debug, Clone)]
+/// Cluster mode against PostgreSQL's advisory locks, on the same server with the same
+/// processes and tasks.
+#[derive(Debug, Clone, Parser)]
+#[command(args_override_self = true)]
 struct Options {
+    /// One hot key, or a key drawn at random from `--keys`
+    #[arg(long, default_value = "hot", value_parser = ["hot", "keys"])]
     workload: String,
+    /// Processes per contender
+    #[arg(long, value_name = "P", default_value_t = 3)]
     processes: u64,
+    /// Tasks per process
+    #[arg(long, value_name = "T", default_value_t = 8)]
     tasks: u64,
+    /// Locks per task
+    #[arg(long, value_name = "N", default_value_t = 200)]
     locks: u64,
+    /// Keys of the `keys` workload (at least 1)
+    #[arg(long, value_name = "K", default_value_t = 10_000)]
     keys: u64,
+    /// Cluster mode's lease time, in milliseconds
+    #[arg(long, value_name = "L", default_value_t = 2000)]
     lease_ms: u64,
+    /// Run one contender only
+    #[arg(long, value_parser = ["cluster", "advisory"])]
     only: Option<String>,
+    /// Each process's tokio runtime
+    #[arg(long, default_value = "multi-thread", value_parser = ["multi-thread", "current-thread"])]
     runtime: String,
+    /// The PostgreSQL server (the `DATABASE_URL` environment variable, if set)
+    #[arg(long, value_name = "URL", default_value_t = default_database_url())]
     database_url: String,
-    /// Set in a child: which contender it runs, and its number.
+    /// Set in a child: which contender it runs, and its number (`cluster:0`).
+    #[arg(long, hide = true, value_name = "CONTENDER:INDEX", value_parser = contender_and_index)]
     child: Option<(String, u64)>,
 }
 
-fn options() -> Result<Options, String> {
-    let mut options = Options {
-        workload: "hot".to_owned(),
-        processes: 3,
-        tasks: 8,
-        locks: 200,
-        keys: 10_000,
-        lease_ms: 2000,
-        only: None,
-        runtime: "multi-thread".to_owned(),
-        database_url: std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
-        child: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args
-            .next()
-            .ok_or(format!("{flag} needs a value\n{USAGE}"))?;
-        let number = || {
-            value
-                .parse::<u64>()
-                .map_err(|_| format!("{flag} takes a number\n{USAGE}"))
-        };
-        match flag.as_str() {
-            "--workload" if value == "hot" || value == "keys" => options.workload = value.clone(),
-            "--processes" => options.processes = number()?,
-            "--tasks" => options.tasks = number()?,
-            "--locks" => options.locks = number()?,
-            "--keys" => options.keys = number()?.max(1),
-            "--lease-ms" => options.lease_ms = number()?,
-            "--only" if value == "cluster" || value == "advisory" => {
-                options.only = Some(value.clone());
-            }
-            "--runtime" if value == "multi-thread" || value == "current-thread" => {
-                options.runtime = value.clone();
-            }
-            "--database-url" => options.database_url = value.clone(),
-            "--child" => {
-                let (contender, index) = value.split_once(':').ok_or("bad --child")?;
-                let index = index.parse().map_err(|_| "bad --child")?;
-                options.child = Some((contender.to_owned(), index));
-            }
-            _ => return Err(format!("unknown argument {flag:?} {value:?}\n{USAGE}")),
-        }
-    }
-    Ok(options)
+fn default_database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn contender_and_index(value: &str) -> Result<(String, u64), String> {
+    let expected = || "expected a contender and a number, e.g. cluster:0".to_owned();
+    let (contender, index) = value.split_once(':').ok_or_else(expected)?;
+    let index = index.parse().map_err(|_| expected())?;
+    Ok((contender.to_owned(), index))
+}
+
+/// Parses the command line. A usage error exits 1, as it did before clap (whose code is 2);
+/// `--help` exits 0.
+fn options() -> Options {
+    let mut options = Options::try_parse().unwrap_or_else(|error| {
+        let _ = error.print();
+        std::process::exit(if error.use_stderr() { 1 } else { 0 })
+    });
+    options.keys = options.keys.max(1);
+    options
 }
 
 fn main() -> Result<(), Error> {
-    let options = options()?;
+    let options = options();
     match options.child.clone() {
         Some((contender, index)) => child(&options, &contender, index),
         None => {

@@ -19,7 +19,16 @@
 
 use std::time::Duration;
 
+use clap::Parser;
 use keyed_locks::{LockError, LockRegistry};
+
+/// Two tasks serialize their requests for user 42, and no lock is left in memory afterwards.
+#[derive(Debug, Parser)]
+struct Cli {
+    /// Also record what the registry saw and did, and write it to PATH as a trace (JSON Lines)
+    #[arg(long, value_name = "PATH")]
+    trace: Option<String>,
+}
 
 async fn send_request(user_id: u64) {
     println!("Starting request for {user_id}");
@@ -34,11 +43,13 @@ async fn process(registry: LockRegistry<u64>, user_id: u64) -> Result<(), LockEr
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let trace_path = match std::env::args().skip(1).collect::<Vec<_>>().as_slice() {
-        [] => None,
-        [flag, path] if flag == "--trace" => Some(path.clone()),
-        _ => return Err("usage: quickstart [--trace PATH]".into()),
-    };
+    // A usage error exits 1, as it did before clap (whose code is 2); `--help` exits 0.
+    let trace_path = Cli::try_parse()
+        .unwrap_or_else(|error| {
+            let _ = error.print();
+            std::process::exit(if error.use_stderr() { 1 } else { 0 })
+        })
+        .trace;
     let mut runtime = tokio::runtime::Builder::new_current_thread();
     runtime.enable_all().start_paused(trace_path.is_some());
     runtime.build()?.block_on(run(trace_path))

@@ -162,7 +162,9 @@ fn a_bad_command_line_is_refused_with_a_message() {
             .expect("the example runs");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.starts_with("payments: "), "{args:?}: {stderr}");
+        // clap's message: what is wrong, then where to read the options.
+        assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+        assert!(stderr.contains("--help"), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
         assert!(output.stdout.is_empty(), "{args:?}");
     }

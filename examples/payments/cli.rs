@@ -1,54 +1,26 @@
-//! The command line, parsed by hand: `--addr <ip:port>` and `--unsafe-no-lock`.
+//! The command line: `--addr <ip:port>` and `--unsafe-no-lock`, parsed by clap (`--help`).
 
 use std::net::SocketAddr;
 
-/// What `--help` prints, and what follows every command-line error.
-pub const USAGE: &str = "\
-usage: payments [--addr <ip:port>] [--unsafe-no-lock]
-
-  --addr <ip:port>   where to listen (default 127.0.0.1:3000; port 0 picks a free one)
-  --unsafe-no-lock   skip the per-account lock, to see updates get lost
-  -h, --help         print this and exit";
-
 /// The address used without `--addr`.
-pub const DEFAULT_ADDR: SocketAddr =
+const DEFAULT_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 3000);
 
-/// What the command line asks for.
-#[derive(Debug)]
-pub enum Command {
-    /// Serve on `addr`; lock each account around its read-modify-write unless `lock` is false.
-    Serve { addr: SocketAddr, lock: bool },
-    /// Print the usage and exit.
-    Help,
-}
-
-/// Parses the arguments after the program name; the error says which one is wrong and why.
-pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
-    let mut addr = DEFAULT_ADDR;
-    let mut lock = true;
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--addr" => {
-                let value = args
-                    .next()
-                    .ok_or("--addr needs a value, e.g. --addr 127.0.0.1:3000")?;
-                addr = parse_addr(&value)?;
-            }
-            "--unsafe-no-lock" => lock = false,
-            "-h" | "--help" => return Ok(Command::Help),
-            other => match other.strip_prefix("--addr=") {
-                Some(value) => addr = parse_addr(value)?,
-                None => return Err(format!("unknown argument {other:?}")),
-            },
-        }
-    }
-    Ok(Command::Serve { addr, lock })
+/// A payments service: credits and debits of accounts over HTTP, one read-modify-write per
+/// account at a time.
+#[derive(Debug, clap::Parser)]
+#[command(args_override_self = true)]
+pub struct Cli {
+    /// Where to listen (port 0 picks a free one)
+    #[arg(long, value_name = "ip:port", default_value_t = DEFAULT_ADDR, value_parser = parse_addr)]
+    pub addr: SocketAddr,
+    /// Skip the per-account lock, to see updates get lost
+    #[arg(long)]
+    pub unsafe_no_lock: bool,
 }
 
 fn parse_addr(value: &str) -> Result<SocketAddr, String> {
-    value.parse().map_err(|_| {
-        format!("--addr {value:?} is not an ip:port address, e.g. 127.0.0.1:3000 or [::1]:0")
-    })
+    value
+        .parse()
+        .map_err(|_| "not an ip:port address, e.g. 127.0.0.1:3000 or [::1]:0".to_owned())
 }

@@ -48,11 +48,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::Parser;
 use keyed_locks::LockRegistry;
 
 use crate::accounts::Accounts;
 use crate::api::AppState;
-use crate::cli::Command;
+use crate::cli::Cli;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -62,18 +63,9 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_max_level(tracing::Level::WARN)
         .init();
-    let (addr, lock_accounts) = match cli::parse(std::env::args().skip(1)) {
-        Ok(Command::Serve { addr, lock }) => (addr, lock),
-        Ok(Command::Help) => {
-            println!("{}", cli::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Err(message) => {
-            eprintln!("payments: {message}\n\n{}", cli::USAGE);
-            return ExitCode::from(2);
-        }
-    };
-    match serve(addr, lock_accounts).await {
+    // A usage error exits 2, clap's code, as before clap; `--help` exits 0.
+    let cli = Cli::parse();
+    match serve(cli.addr, !cli.unsafe_no_lock).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("payments: {message}");

@@ -2,13 +2,14 @@
 
 use crate::lanes::{Moment, Timeline};
 
-/// What the horizontal axis measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the horizontal axis measures (`--axis time|seq`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Axis {
     /// Seconds since the registry started.
     Time,
     /// Sequence numbers: one step per event. For traces whose events share one time, such
     /// as hand-made or proptest traces, and to pull apart events of one instant.
+    #[value(name = "seq")]
     Sequence,
 }
 

@@ -9,10 +9,10 @@
 //! ```
 //!
 //! The trace is JSON Lines (`keyed_locks::trace`); its keys may be unsigned integers or
-//! strings, and are shown as JSON writes them (`42`, `"user:42"`). Options: `--axis time|seq`
-//! puts time or event numbers on the horizontal axis (by default time, unless every event has
-//! the same time, as in hand-made traces); `--width COLUMNS` sets the width of the text
-//! timeline (default 72).
+//! strings, and are shown as JSON writes them (`42`, `"user:42"`). Options (`--help` lists
+//! them): `--axis time|seq` puts time or event numbers on the horizontal axis (by default
+//! time, unless every event has the same time, as in hand-made traces); `--width COLUMNS` sets
+//! the width of the text timeline (default 72).
 
 mod axis;
 mod lanes;
@@ -25,13 +25,13 @@ use std::fmt;
 use std::path::Path;
 use std::process::ExitCode;
 
+use clap::Parser;
+use clap::builder::RangedU64ValueParser;
 use keyed_locks::journal::Journal;
 use keyed_locks::trace::TraceError;
 
 use crate::axis::{Axis, Scale};
 use crate::lanes::{Timeline, timeline_of};
-
-const USAGE: &str = "usage: timeline TRACE [--svg OUT.svg] [--axis time|seq] [--width COLUMNS]";
 
 /// A key of a trace: a number or a string, whichever each one is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Deserialize)]
@@ -54,20 +54,32 @@ impl fmt::Display for TraceKey {
     }
 }
 
-/// What the command line asks for.
-#[derive(Debug, PartialEq)]
+/// Draws a keyed-locks trace as a timeline: one lane per key, holds as solid bars labelled
+/// with their fencing token, waits as lighter bars from arrival to grant.
+#[derive(Debug, PartialEq, Parser)]
+#[command(args_override_self = true)]
 struct Options {
+    /// The trace, JSON Lines (`keyed_locks::trace`)
     trace: String,
+    /// Draw an SVG picture into this file instead of text on stdout
+    #[arg(long, value_name = "OUT.svg")]
     svg: Option<String>,
+    /// What the horizontal axis measures [default: time, unless every event has the same time]
+    #[arg(long, value_enum)]
     axis: Option<Axis>,
+    /// The width of the text timeline, from 20 to 1000
+    #[arg(
+        long,
+        value_name = "COLUMNS",
+        default_value_t = 72,
+        value_parser = RangedU64ValueParser::<usize>::new().range(20..=1000)
+    )]
     width: usize,
 }
 
 /// Why the timeline could not be drawn.
 #[derive(Debug)]
 enum Failure {
-    /// The command line is wrong.
-    Usage(String),
     /// The trace could not be read.
     Read {
         path: String,
@@ -85,7 +97,6 @@ enum Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Usage(problem) => write!(f, "{problem}\n{USAGE}"),
             Failure::Read { path, source } => write!(f, "cannot read {path}: {source}"),
             Failure::Parse { path, source } => write!(f, "{path} is not a valid trace: {source}"),
             Failure::Write { path, source } => write!(f, "cannot write {path}: {source}"),
@@ -96,61 +107,15 @@ impl fmt::Display for Failure {
 impl std::error::Error for Failure {}
 
 fn main() -> ExitCode {
-    let arguments: Vec<String> = std::env::args().skip(1).collect();
-    match options(&arguments).and_then(|options| run(&options)) {
+    // A usage error exits 2, clap's code, as before clap; `--help` exits 0.
+    let options = Options::parse();
+    match run(&options) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             eprintln!("timeline: {failure}");
-            ExitCode::from(if matches!(failure, Failure::Usage(_)) {
-                2
-            } else {
-                1
-            })
+            ExitCode::FAILURE
         }
     }
-}
-
-fn options(arguments: &[String]) -> Result<Options, Failure> {
-    let usage = |problem: String| Err(Failure::Usage(problem));
-    let mut options = Options {
-        trace: String::new(),
-        svg: None,
-        axis: None,
-        width: 72,
-    };
-    let mut trace = None;
-    let mut rest = arguments.iter();
-    while let Some(argument) = rest.next() {
-        let mut value = |flag: &str| {
-            rest.next()
-                .cloned()
-                .ok_or_else(|| Failure::Usage(format!("{flag} needs a value")))
-        };
-        match argument.as_str() {
-            "--svg" => options.svg = Some(value("--svg")?),
-            "--axis" => {
-                options.axis = Some(match value("--axis")?.as_str() {
-                    "time" => Axis::Time,
-                    "seq" => Axis::Sequence,
-                    other => return usage(format!("--axis is time or seq, not {other:?}")),
-                })
-            }
-            "--width" => {
-                options.width = match value("--width")?.parse() {
-                    Ok(width) if (20..=1000).contains(&width) => width,
-                    _ => return usage("--width is a number of columns from 20 to 1000".into()),
-                }
-            }
-            flag if flag.starts_with("--") => return usage(format!("unknown option {flag}")),
-            path if trace.is_none() => trace = Some(path.to_owned()),
-            extra => return usage(format!("one trace at a time, not also {extra:?}")),
-        }
-    }
-    options.trace = match trace {
-        Some(trace) => trace,
-        None => return usage("which trace?".into()),
-    };
-    Ok(options)
 }
 
 fn run(options: &Options) -> Result<(), Failure> {
@@ -207,13 +172,13 @@ fn load(text: &str) -> Result<Timeline, TraceError> {
 mod tests {
     use super::*;
 
-    fn arguments(line: &str) -> Vec<String> {
-        line.split_whitespace().map(str::to_owned).collect()
+    fn options(line: &str) -> Result<Options, clap::Error> {
+        Options::try_parse_from(std::iter::once("timeline").chain(line.split_whitespace()))
     }
 
     #[test]
     fn options_read_the_trace_and_every_flag() {
-        let options = options(&arguments("t.jsonl --svg out.svg --axis seq --width 40")).unwrap();
+        let options = options("t.jsonl --svg out.svg --axis seq --width 40").unwrap();
         assert_eq!(
             options,
             Options {
@@ -226,7 +191,21 @@ mod tests {
     }
 
     #[test]
-    fn bad_command_lines_are_usage_errors() {
+    fn without_flags_the_timeline_is_text_72_columns_wide() {
+        let options = options("t.jsonl").unwrap();
+        assert_eq!(
+            options,
+            Options {
+                trace: "t.jsonl".into(),
+                svg: None,
+                axis: None,
+                width: 72,
+            }
+        );
+    }
+
+    #[test]
+    fn bad_command_lines_are_usage_errors_and_help_is_not() {
         for line in [
             "",
             "--svg",
@@ -234,13 +213,19 @@ mod tests {
             "t.jsonl --frobnicate",
             "a b",
             "t --width 3",
+            "t --width 1001",
+            "t --width x",
         ] {
-            let result = options(&arguments(line));
+            let result = options(line);
             assert!(
-                matches!(result, Err(Failure::Usage(_))),
+                result
+                    .as_ref()
+                    .is_err_and(|error| error.use_stderr() && error.exit_code() == 2),
                 "{line:?} gave {result:?}"
             );
         }
+        let help = options("--help").unwrap_err();
+        assert_eq!((help.use_stderr(), help.exit_code()), (false, 0));
     }
 
     const HEADER: &str = r#"{"format":"keyed-locks-trace","version":3,"dropped":0}"#;
