@@ -10,13 +10,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 url="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
-cargo build --quiet --release --features postgres --example cluster_load
+# Cargo says where the binary is: `CARGO_TARGET_DIR` may put it anywhere.
+binary="$(cargo build --quiet --release --features postgres --example cluster_load \
+  --message-format=json | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')"
 for handoffs in 15 0; do
   prefix="keyed_locks_cohorting_${handoffs}_"
   psql -q "$url" -c "DROP TABLE IF EXISTS ${prefix}leases, ${prefix}fences, ${prefix}run" 2>/dev/null
   start=$(date +%s%N)
   for _ in 1 2 3; do
-    target/release/examples/cluster_load --database-url "$url" --prefix "$prefix" --key hot \
+    "$binary" --database-url "$url" --prefix "$prefix" --key hot \
       --tasks 8 --locks 50 --max-local-handoffs "$handoffs" &
   done
   wait
