@@ -9,9 +9,9 @@ use std::cell::Cell;
 use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
 
-use crate::LockKey;
 use crate::error::{LockError, PermitsError, TryLockError, TryPermitsError};
 use crate::guard::KeyGuard;
+use crate::key::LockKey;
 use crate::multi_guard::MultiGuard;
 use crate::registry::LockRegistry;
 

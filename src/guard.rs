@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::LockKey;
+use crate::key::LockKey;
 use crate::observe::Acquisition;
 use crate::runtime::shard::HeldGrant;
 

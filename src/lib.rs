@@ -229,13 +229,16 @@
 #![deny(unused_must_use)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// The layers, one folder each:
+// The layers, arrows pointing down (`.ci/run` checks that no module imports form a cycle):
+// - `key`: what a key must be, which every layer above names.
 // - `pure`: the lock table and what records, writes and replays it. No tokio, no kameo, no
 //   clock; it imports nothing from the other layers.
 // - `runtime`: the owner of each shard's table at run time: the shard and its mutex, the
 //   owner's step, the pending grants, the actor, the shard router, the stall timer, metrics.
+//   It names nothing of the face: what both need (`Execution`) lives here.
 // - the public face, at the top: the handle, the guard, the messages, the errors, and what
 //   each acquisition tells `tracing` (`observe`).
+mod key;
 mod pure;
 mod runtime;
 // Cluster mode (the `postgres` feature): the same locks across processes, with leases per key
@@ -245,7 +248,6 @@ mod cluster;
 
 // The blocking twins of the acquires, for threads outside the runtime.
 mod blocking;
-mod builder;
 mod error;
 mod guard;
 pub mod messages;
@@ -264,9 +266,6 @@ pub mod table {
     pub use crate::pure::journaled_table::JournaledTable;
     pub use crate::pure::table::*;
 }
-
-use std::fmt::Debug;
-use std::hash::Hash;
 
 /// Every code block of README.md, compiled and run by `cargo test` as doctests.
 #[doc = include_str!("../README.md")]
@@ -293,7 +292,6 @@ pub struct RecordReplayDoctests;
 #[cfg(doctest)]
 pub struct ObservabilityDoctests;
 
-pub use builder::{Execution, RegistryBuilder};
 #[cfg(feature = "postgres")]
 pub use cluster::{ClusterBuilder, ClusterError, ClusterGuard, ClusterRegistry};
 pub use error::{
@@ -301,22 +299,10 @@ pub use error::{
     TryPermitsError,
 };
 pub use guard::KeyGuard;
+pub use key::LockKey;
+pub use messages::actor::RegistryActor;
 pub use multi_guard::MultiGuard;
 pub use pure::stats::RegistryStats;
 pub use registry::LockRegistry;
-pub use runtime::actor::RegistryActor;
-
-/// What a key must be: hashable, comparable, cloneable, printable for `tracing`, and movable
-/// across tasks. Implemented for every such type.
-///
-/// # Panics
-///
-/// The registry runs a key's `Hash`, `Eq`, `Clone` and `Debug` inside the step that changes
-/// its shard's table. If one of them panics, the table may be half-changed, so the shard
-/// closes rather than go on with it: the panic reaches the caller, and every waiter and every
-/// later call on that shard gets [`LockError::Closed`]. With one shard (the default) that is
-/// every key of the registry. Keys whose traits cannot panic (integers, strings, and
-/// `#[derive]`d types of them) never close anything.
-pub trait LockKey: Hash + Eq + Clone + Debug + Send + Sync + 'static {}
-
-impl<K> LockKey for K where K: Hash + Eq + Clone + Debug + Send + Sync + 'static {}
+pub use registry::builder::RegistryBuilder;
+pub use runtime::execution::Execution;

@@ -42,14 +42,18 @@ use kameo::message::{Context, Message};
 use kameo::reply::{DelegatedReply, Reply, ReplyError};
 use tracing::debug;
 
-use crate::LockKey;
 use crate::error::{AcquireError, TryAcquireError};
 use crate::guard::KeyGuard;
-use crate::observe::{Acquisition, OWNER_TARGET};
+use crate::key::LockKey;
+use crate::observe::Acquisition;
 use crate::pure::journal::Journal;
 use crate::pure::stats::RegistryStats;
-use crate::runtime::actor::RegistryActor;
+use crate::runtime::owner::OWNER_TARGET;
 use crate::runtime::request::{Delivery, MessageGrant, Outcome, Request};
+
+pub(crate) mod actor;
+
+use actor::RegistryActor;
 
 /// Waits for `key` and replies with its [`KeyGuard`] once granted (FIFO).
 ///

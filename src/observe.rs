@@ -23,10 +23,6 @@ use crate::runtime::metrics::Histograms;
 
 /// The target of the acquisition spans and their events.
 pub(crate) const LOCK_TARGET: &str = "keyed_locks::lock";
-/// The target of the owner's events: every request it takes, at debug level.
-pub(crate) const OWNER_TARGET: &str = "keyed_locks::owner";
-/// The target of the stall warnings (see `RegistryBuilder::warn_held_longer_than`).
-pub(crate) const STALL_TARGET: &str = "keyed_locks::stall";
 
 /// Which call of the handle asked: the `call` field of the span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,16 +8,15 @@ use std::sync::Arc;
 use kameo::actor::{ActorRef, Spawn};
 use kameo::mailbox;
 
-use crate::LockKey;
-use crate::builder::{RegistryBuilder, RegistrySettings};
 use crate::error::{JournalError, LockError, PermitsError, TryLockError, TryPermitsError};
 use crate::guard::KeyGuard;
+use crate::key::LockKey;
+use crate::messages::actor::{RegistryActor, RegistryConfig};
 use crate::multi_guard::MultiGuard;
 use crate::observe::{Acquisition, CallKind};
 use crate::pure::journal::Journal;
 use crate::pure::stats::RegistryStats;
 use crate::pure::table::{KeySet, Permits};
-use crate::runtime::actor::{RegistryActor, RegistryConfig};
 use crate::runtime::metrics::Histograms;
 use crate::runtime::owner::{Owner, OwnerConfig};
 use crate::runtime::pending::{Granted, NotGranted};
@@ -25,6 +24,10 @@ use crate::runtime::request::{Delivery, Outcome, Request};
 use crate::runtime::router::ShardRouter;
 use crate::runtime::shard::{GrantFuture, HeldGrant, Shard};
 use crate::runtime::stall;
+
+pub(crate) mod builder;
+
+use builder::{RegistryBuilder, RegistrySettings};
 
 /// A registry of per-key async locks: the handle to its shard (or, when built with
 /// [`RegistryBuilder::shards`], its shards, each owning the keys that hash to it), where each

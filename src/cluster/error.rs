@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::lease_store::MAX_KEY_BYTES;
+use crate::cluster::limits::{MAX_KEY_BYTES, MIN_HEARTBEAT};
 
 /// The cause behind a [`ClusterError`], boxed so that the public type does not name
 /// tokio-postgres' error type (a tokio-postgres upgrade stays out of our API).
@@ -111,7 +111,7 @@ impl fmt::Display for ClusterError {
                 f,
                 "a lease of {lease:?} with a heartbeat every {heartbeat:?} is too short: \
                  the lease must last at least 3 heartbeats, and a heartbeat at least {:?}",
-                super::config::MIN_HEARTBEAT
+                MIN_HEARTBEAT
             ),
             ClusterError::LeaseTooLong { lease, max } => {
                 write!(

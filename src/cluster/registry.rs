@@ -4,15 +4,15 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::config::PgLeaseConfig;
-use super::entropy::Jitter;
-use super::error::ClusterError;
-use super::guard::ClusterGuard;
-use super::leases::{self, CohortBounds, HANDOFF_BITS, Leases};
-use super::locks::ClusterLocks;
-use super::postgres::PgLeaseStore;
-use crate::LockKey;
+use crate::cluster::error::ClusterError;
+use crate::cluster::locking::entropy::Jitter;
+use crate::cluster::locking::guard::ClusterGuard;
+use crate::cluster::locking::leases::{self, CohortBounds, HANDOFF_BITS, Leases};
+use crate::cluster::locking::locks::ClusterLocks;
+use crate::cluster::postgres::config::PgLeaseConfig;
+use crate::cluster::postgres::store::PgLeaseStore;
 use crate::error::LockError;
+use crate::key::LockKey;
 use crate::pure::stats::RegistryStats;
 use crate::registry::LockRegistry;
 
@@ -228,7 +228,7 @@ pub struct ClusterBuilder<K: LockKey + fmt::Display> {
     heartbeat: Option<Duration>,
     max_uses: u32,
     max_hold: Option<Duration>,
-    local: crate::builder::RegistryBuilder<K>,
+    local: crate::registry::builder::RegistryBuilder<K>,
 }
 
 impl<K: LockKey + fmt::Display> fmt::Debug for ClusterBuilder<K> {
@@ -289,7 +289,9 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
     /// Settings of the local registry (shards, execution mode, journal).
     pub fn local(
         mut self,
-        configure: impl FnOnce(crate::builder::RegistryBuilder<K>) -> crate::builder::RegistryBuilder<K>,
+        configure: impl FnOnce(
+            crate::registry::builder::RegistryBuilder<K>,
+        ) -> crate::registry::builder::RegistryBuilder<K>,
     ) -> Self {
         self.local = configure(self.local);
         self

@@ -14,8 +14,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 
-use crate::builder::Execution;
 use crate::pure::table::Permits;
+use crate::runtime::execution::Execution;
 use crate::runtime::owner::{Owner, OwnerConfig};
 use crate::runtime::pending::{Granted, NotGranted, PendingKey};
 use crate::runtime::request::{Delivery, Outcome, Request};

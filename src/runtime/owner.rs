@@ -16,8 +16,7 @@ use std::task::Waker;
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
-use crate::LockKey;
-use crate::observe::OWNER_TARGET;
+use crate::key::LockKey;
 use crate::pure::journal::Journal;
 use crate::pure::journaled_table::JournaledTable;
 use crate::pure::stats::RegistryStats;
@@ -28,6 +27,9 @@ use crate::runtime::request::{Delivery, MessageGrant, MessageReply, Outcome, Req
 use crate::runtime::router::ShardRouter;
 use crate::runtime::shard::{HeldGrant, Shard};
 use crate::runtime::stall::{StallThresholds, StallWatch};
+
+/// The target of the owner's events: every request it takes, at debug level.
+pub(crate) const OWNER_TARGET: &str = "keyed_locks::owner";
 
 /// A registry shard's state: its lock table and what it needs to deliver grants. Reached
 /// only through the shard's lock.

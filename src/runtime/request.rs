@@ -7,7 +7,7 @@
 
 use tokio::sync::oneshot;
 
-use crate::LockKey;
+use crate::key::LockKey;
 use crate::pure::journal::Journal;
 use crate::pure::stats::RegistryStats;
 use crate::pure::table::{KeySet, Permits, WaiterId};

@@ -42,10 +42,10 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::LockKey;
-use crate::builder::Execution;
+use crate::key::LockKey;
 use crate::pure::journal::Journal;
 use crate::pure::table::WaiterId;
+use crate::runtime::execution::Execution;
 use crate::runtime::owner::{Effects, Owner};
 use crate::runtime::pending::{Granted, NotGranted, PendingKey, Undo};
 use crate::runtime::request::{Delivery, Outcome, Request};

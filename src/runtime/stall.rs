@@ -14,13 +14,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::LockKey;
-use crate::observe::STALL_TARGET;
+use crate::key::LockKey;
 use crate::pure::overdue::Overdue;
 use crate::pure::table::{LockTable, WaiterId};
 use crate::runtime::pending::{PendingGrants, PendingKey};
 use crate::runtime::request::Delivery;
 use crate::runtime::shard::Shard;
+
+/// The target of the stall warnings (see `RegistryBuilder::warn_held_longer_than`).
+pub(crate) const STALL_TARGET: &str = "keyed_locks::stall";
 
 /// The thresholds a registry warns at; neither is set by default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

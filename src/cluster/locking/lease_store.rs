@@ -1,0 +1,86 @@
+//! The lease store as the rest of the crate sees it: take, keep and give back the lease of a
+//! key, each acquisition numbered by a fence. No SQL here: `postgres` implements it on a table,
+//! `memory_store` (tests only) in memory; `contract` holds them to the same rules.
+//!
+//! # What a fence is for
+//!
+//! A lease can run out while its holder is paused (a GC pause, a stalled network), and the holder
+//! cannot tell. So the resource a lease protects must check the fence: a holder whose fence is
+//! lower than one it has already seen is stale (Kleppmann, "How to do distributed locking",
+//! 2016). The same number makes every statement here safe to see applied late: renew and release
+//! name the fence they act for, and a fence names one acquisition for ever.
+
+use std::future::Future;
+
+use crate::cluster::error::LeaseError;
+
+/// A fence: the lease row's counter, incremented by every acquisition, never reset.
+pub(crate) type Fence = u64;
+
+pub(crate) use crate::cluster::limits::MAX_KEY_BYTES;
+
+/// Refuses a key longer than [`MAX_KEY_BYTES`], as every store does before it touches its table.
+pub(crate) fn check_key(key: &str) -> Result<(), LeaseError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(LeaseError::KeyTooLong { bytes: key.len() });
+    }
+    Ok(())
+}
+
+/// Leases on string keys, held by one owner per store.
+///
+/// The lease's length (and the heartbeat that renews it) belong to the store, fixed and checked
+/// once when it is made, not passed per call: a length per call would skip the check that the
+/// heartbeat can keep it.
+///
+/// A lease ends by [`release`](LeaseStore::release) or by running out. A release is announced
+/// on every store's [`LeaseNotices`](crate::cluster::locking::notices::LeaseNotices) if an `acquire` was refused
+/// the key while the lease was held (a store may announce other releases too); a lease that
+/// runs out is not announced, so a waiter must also retry when the holder's lease would run
+/// out.
+///
+/// # Errors
+///
+/// Every call can fail with a [`LeaseError`]. After a lost connection or a timeout the
+/// statement may still have been applied; the calls are written so that repeating one is safe:
+/// an `acquire` that took the lease unseen is taken again by the next `acquire` of ours, with
+/// a new fence; a `renew` or `release` with an outdated fence changes nothing.
+pub(crate) trait LeaseStore: Send + Sync + 'static {
+    /// Takes the lease of `key` if it is free, expired, or already ours (an earlier acquire
+    /// whose reply was lost): `Some(new fence)` if taken, `None` if someone else holds it (and
+    /// then its release will be announced).
+    fn acquire(&self, key: &str) -> impl Future<Output = Result<Option<Fence>, LeaseError>> + Send;
+
+    /// Extends our live lease by the store's lease length from now; `false` when it is no
+    /// longer ours or has already run out (the lease is lost: stop using the resource).
+    fn renew(
+        &self,
+        key: &str,
+        fence: Fence,
+    ) -> impl Future<Output = Result<bool, LeaseError>> + Send;
+
+    /// Ends our lease (the row and its fence stay) and notifies every store's listener; `false`
+    /// if someone else took it after ours ran out. A lease that ran out untaken is still ours
+    /// to release: nobody held the key in between.
+    fn release(
+        &self,
+        key: &str,
+        fence: Fence,
+    ) -> impl Future<Output = Result<bool, LeaseError>> + Send;
+
+    /// Releases every lease this store's owner holds, as [`release`](LeaseStore::release)
+    /// does each (used by shutdown); returns how many.
+    fn release_all(&self) -> impl Future<Output = Result<u64, LeaseError>> + Send;
+}
+
+/// What the notices of a lease store say, in the order the listener learnt it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LeaseNotice {
+    /// The lease of this key was released, by any store (ours included): whoever waits for it
+    /// may try to acquire it.
+    Released(String),
+    /// Notices may have been lost, because the listening connection was lost and made again,
+    /// or because the receiver fell too far behind: every waiter must try again, whatever key
+    /// it waits for.
+    Missed,
+}

@@ -1,0 +1,666 @@
+//! The leases this process holds, and who in the process wants them: lock cohorting on top of
+//! a [`LeaseStore`].
+//!
+//! A `lock` in cluster mode first takes the key in the process's own registry (local FIFO,
+//! cancel-safe), then makes sure the process holds the key's lease. While it does, the lease
+//! passes from one local holder to the next without a round trip to the database, up to a
+//! bound, and is then released so that other processes get their turn: the cohort locks of
+//! Dice, Marathe and Shavit ("Lock Cohorting: A General Technique for Designing NUMA Locks",
+//! PPoPP 2012), with the process as the cohort and the lease as the global lock.
+//!
+//! Every statement runs in a task of its own ([`Leases::acquire`], [`Leases::release_lease`]),
+//! so that a `lock` future dropped mid-statement never leaves its outcome unrecorded: a lease
+//! taken for a caller that has gone is recorded all the same, and released if nobody in the
+//! process wants the key any more.
+//!
+//! # Invariants
+//!
+//! Under the one mutex of [`Leases`]:
+//! 1. A key has an entry exactly while its `interest` is above zero, it holds a lease, or an
+//!    acquisition statement for it is in flight (`in_flight`): no entry outlives all three, so
+//!    the map does not grow with the keys ever used.
+//! 2. `interest` counts the local callers between the start of a `lock` and the drop of its
+//!    guard (or of the `lock` future). When it drops to zero, a lease still held is released.
+//! 3. A held lease is in use by at most one guard, because the local registry grants the key
+//!    to one holder at a time, and only that holder takes the lease.
+//! 4. `uses < max_uses` for a lease in use: a fencing token's low bits never overflow into
+//!    the fence.
+//! 5. Once [`Leases::release_everything`] has begun (shutdown), no lease is recorded as held:
+//!    one whose acquisition lands later is released, so no guard is made on a lease that
+//!    shutdown's release may already have given back, and that another process may hold.
+//! 6. A key's entry records only fences above every fence it recorded before
+//!    (`highest_fence`): an acquisition's reply that comes back after a newer acquisition of
+//!    ours was recorded is stale (the row carries the newer fence) and is ignored. Invariant 1
+//!    keeps the entry, and so `highest_fence`, alive while such a reply can still come, even
+//!    after its caller gave up and a newer lease of the key was granted and released.
+//! 7. A guard learns that its lease is lost before any statement that gives the lease back
+//!    is sent: a release's reply can come late, and the key may be another process's by then.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::cluster::locking::entropy::Jitter;
+use crate::cluster::locking::lease_note::{LeaseEvent, LeaseNote};
+use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore};
+use crate::cluster::locking::notices::LeaseNotices;
+
+/// Records a note in the local registry's journal (when it keeps one).
+pub(crate) type LeaseJournal = Box<dyn Fn(String) + Send + Sync>;
+
+/// Bits of a fencing token that count local hand-offs under one fence; the fence is in the bits
+/// above. A fence below 2^44 (17.6 trillion acquisitions of one key) keeps tokens increasing.
+pub(crate) const HANDOFF_BITS: u32 = 20;
+
+/// How the process shares the leases among its local holders.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CohortBounds {
+    /// Guards issued under one fence before the lease goes back: the first holder plus the
+    /// local hand-offs.
+    pub(crate) max_uses: u32,
+    /// How long the process keeps one fence while others in the process want the key.
+    pub(crate) max_hold: Duration,
+}
+
+/// The fencing token of the `uses`-th guard under `fence`.
+pub(crate) fn fencing_token(fence: Fence, uses: u32) -> u64 {
+    (fence << HANDOFF_BITS) | u64::from(uses)
+}
+
+/// The local keys, hashed with a fixed seed: the heartbeat and a missed notice visit them in
+/// an order that depends only on the keys and their history, so a simulated run repeats
+/// exactly. The keys are whatever the callers lock, not chosen by an attacker against this map
+/// in particular; the local registry's own map keeps its random seed.
+type KeyMap = HashMap<String, KeyLease, foldhash::fast::FixedState>;
+
+/// The leases of one cluster registry.
+pub(crate) struct Leases<S> {
+    store: S,
+    bounds: CohortBounds,
+    lease: Duration,
+    keys: Mutex<KeyMap>,
+    /// Set by [`release_everything`](Self::release_everything): a lease taken after it is
+    /// given back at once, not recorded (invariant 5). Written and read under `keys`' lock,
+    /// which orders them.
+    closed: AtomicBool,
+    journal: Option<LeaseJournal>,
+    /// Spreads the waiters' polling (see [`Leases::poll_interval`]).
+    jitter: Mutex<Jitter>,
+    /// The heartbeat and notice tasks, stopped when the last handle on these leases goes.
+    background: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl<S> Drop for Leases<S> {
+    fn drop(&mut self) {
+        let background = self
+            .background
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        background.iter().for_each(tokio::task::AbortHandle::abort);
+    }
+}
+
+/// One key's local state (invariant 1).
+struct KeyLease {
+    /// Local callers wanting or holding the key (invariant 2).
+    interest: usize,
+    /// Acquisition statements sent and not yet answered (invariant 1).
+    in_flight: usize,
+    /// The highest fence recorded for the key while this entry lived (invariant 6).
+    highest_fence: Fence,
+    /// The lease the process holds, if any.
+    held: Option<Held>,
+    /// Woken when the key's lease is announced released, or notices were missed.
+    released: Arc<Notify>,
+}
+
+impl KeyLease {
+    /// Nothing keeps the entry (invariant 1).
+    fn is_unused(&self) -> bool {
+        self.interest == 0 && self.in_flight == 0 && self.held.is_none()
+    }
+}
+
+struct Held {
+    fence: Fence,
+    /// Guards issued under this fence so far.
+    uses: u32,
+    /// Whether a guard holds it now (invariant 3).
+    in_use: bool,
+    acquired_at: Instant,
+    /// Tells the guards of this fence how long it is good for, and when it is lost.
+    validity: watch::Sender<Validity>,
+}
+
+/// What a guard knows of its lease.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Validity {
+    /// The lease is gone: taken by another process, not renewable, or released at shutdown.
+    pub(crate) lost: bool,
+    /// The lease is surely ours until this instant: the start of the last statement that
+    /// took or renewed it, plus the lease. The database counts the lease from when it runs
+    /// the statement, which is later, so this errs on the safe side. Past it, with no renewal
+    /// confirmed, another process may hold the key.
+    pub(crate) until: Instant,
+}
+
+impl Validity {
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost || Instant::now() >= self.until
+    }
+}
+
+/// What the local holder of a key must do to hold its lease.
+pub(crate) enum Next {
+    /// Use the lease the process holds: here is the fencing token and the lost signal.
+    Use(Lease),
+    /// Acquire a lease. `after_release` is set when the process has just given one back at its
+    /// cohort bound: the release's task, which returns how long its statement took. Waiting a
+    /// little before taking the lease again lets other processes have it.
+    Acquire {
+        after_release: Option<tokio::task::JoinHandle<Duration>>,
+    },
+}
+
+/// A guard's share of a held lease.
+pub(crate) struct Lease {
+    pub(crate) fence: Fence,
+    pub(crate) fencing_token: u64,
+    pub(crate) validity: watch::Receiver<Validity>,
+}
+
+impl<S: LeaseStore> Leases<S> {
+    /// The leases of a process on `store`; `jitter` draws its polling intervals (seeded at
+    /// random in production, from the run's seed in a simulation).
+    pub(crate) fn new(
+        store: S,
+        bounds: CohortBounds,
+        lease: Duration,
+        journal: Option<LeaseJournal>,
+        jitter: Jitter,
+    ) -> Arc<Self> {
+        Arc::new(Leases {
+            store,
+            bounds,
+            lease,
+            keys: Mutex::new(KeyMap::default()),
+            closed: AtomicBool::new(false),
+            journal,
+            jitter: Mutex::new(jitter),
+            background: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn record(&self, name: &str, event: LeaseEvent) {
+        if let Some(journal) = &self.journal {
+            journal(LeaseNote { name, event }.to_string());
+        }
+    }
+
+    fn keys(&self) -> MutexGuard<'_, KeyMap> {
+        // Nothing panics while holding the lock (no user code runs under it); a poisoned map
+        // is still consistent.
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a local caller's interest in `name` (invariant 2); the returned handle
+    /// withdraws it when dropped.
+    pub(crate) fn register(self: &Arc<Self>, name: &str) -> Interest {
+        let mut keys = self.keys();
+        let entry = keys.entry(name.to_owned()).or_insert_with(|| KeyLease {
+            interest: 0,
+            in_flight: 0,
+            highest_fence: 0,
+            held: None,
+            released: Arc::new(Notify::new()),
+        });
+        entry.interest += 1;
+        Interest {
+            leases: Arc::clone(self) as Arc<dyn LocalUsers>,
+            name: name.to_owned(),
+            released: Arc::clone(&entry.released),
+        }
+    }
+
+    /// For the local holder of `name`: use the held lease if the cohort bounds allow, or say
+    /// what to do. A lease at its bound is released here, in a task of its own.
+    pub(crate) fn next_for_holder(self: &Arc<Self>, name: &str) -> Next {
+        let mut keys = self.keys();
+        let Some(entry) = keys.get_mut(name) else {
+            return Next::Acquire {
+                after_release: None,
+            };
+        };
+        let Some(held) = &mut entry.held else {
+            return Next::Acquire {
+                after_release: None,
+            };
+        };
+        if held.in_use {
+            // Invariant 3 says the local holder (this caller) is the only user; a lease in use
+            // here was taken over by a newer one of ours, which `record_answer` marks lost.
+            debug_assert!(false, "invariant 3: two local holders of one lease");
+            return Next::Acquire {
+                after_release: None,
+            };
+        }
+        let within_bounds =
+            held.uses < self.bounds.max_uses && held.acquired_at.elapsed() < self.bounds.max_hold;
+        if within_bounds && !held.validity.borrow().is_lost() {
+            held.in_use = true;
+            let lease = Lease {
+                fence: held.fence,
+                fencing_token: fencing_token(held.fence, held.uses),
+                validity: held.validity.subscribe(),
+            };
+            held.uses += 1;
+            return Next::Use(lease);
+        }
+        let fence = held.fence;
+        entry.held = None;
+        drop(keys);
+        Next::Acquire {
+            after_release: Some(self.spawn_release(name.to_owned(), fence)),
+        }
+    }
+
+    /// One acquisition attempt for the local holder of `name`, run in a task of its own so
+    /// that its outcome is recorded even if the caller goes away: `Ok(Some(lease))` if taken,
+    /// `Ok(None)` if another process holds it.
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        name: &str,
+    ) -> Result<Option<Lease>, AcquireFailed> {
+        let leases = Arc::clone(self);
+        let owned_name = name.to_owned();
+        self.record(name, LeaseEvent::Requested);
+        if let Some(entry) = self.keys().get_mut(name) {
+            entry.in_flight += 1;
+        } else {
+            debug_assert!(
+                false,
+                "invariant 1: the local holder's key without an entry"
+            );
+        }
+        let attempt = tokio::spawn(async move {
+            let started = Instant::now();
+            let taken = leases.store.acquire(&owned_name).await;
+            leases.record_answer(&owned_name, taken.as_ref().ok().copied().flatten(), started);
+            match taken {
+                Ok(taken) => Ok(taken),
+                Err(error) => Err(AcquireFailed(error.to_string())),
+            }
+        });
+        let taken = attempt
+            .await
+            .unwrap_or_else(|join_error| Err(AcquireFailed(join_error.to_string())))?;
+        if taken.is_none() {
+            return Ok(None);
+        }
+        // Recorded by the task; this caller is the key's local holder, so the lease is its to
+        // use (or a newer one of ours, if a late statement of a caller that went away landed).
+        match self.next_for_holder(name) {
+            Next::Use(lease) => Ok(Some(lease)),
+            Next::Acquire { .. } => Ok(None),
+        }
+    }
+
+    /// Records the answer to an acquisition statement: `taken` is the fence if it took the
+    /// lease. A lease just taken is recorded, not yet in use, unless it is stale (invariant 6),
+    /// or nobody in the process wants the key any more (the caller went away mid-statement), or
+    /// the leases were released for shutdown while the statement ran (invariant 5): then it is
+    /// released at once.
+    fn record_answer(self: &Arc<Self>, name: &str, taken: Option<Fence>, started: Instant) {
+        let mut keys = self.keys();
+        let closed = self.closed.load(Ordering::Relaxed);
+        let Some(entry) = keys.get_mut(name) else {
+            debug_assert!(false, "invariant 1: an answer for a key without an entry");
+            drop(keys);
+            if let Some(fence) = taken {
+                self.spawn_release(name.to_owned(), fence);
+            }
+            return;
+        };
+        entry.in_flight -= 1;
+        let mut release = None;
+        match taken {
+            Some(fence) if fence <= entry.highest_fence => {}
+            Some(fence) if entry.interest == 0 || closed => {
+                entry.highest_fence = fence;
+                release = Some(fence);
+            }
+            Some(fence) => {
+                entry.highest_fence = fence;
+                if let Some(held) = &entry.held {
+                    // Our own later statement took the row over: the older lease is gone.
+                    held.validity.send_modify(|validity| validity.lost = true);
+                    self.record(name, LeaseEvent::Lost(held.fence));
+                }
+                self.record(name, LeaseEvent::Granted(fence));
+                let (validity, _) = watch::channel(Validity {
+                    lost: false,
+                    until: started + self.lease,
+                });
+                entry.held = Some(Held {
+                    fence,
+                    uses: 0,
+                    in_use: false,
+                    acquired_at: started,
+                    validity,
+                });
+            }
+            None => {}
+        }
+        if entry.is_unused() {
+            keys.remove(name);
+        }
+        drop(keys);
+        if let Some(fence) = release {
+            self.spawn_release(name.to_owned(), fence);
+        }
+    }
+
+    /// Releases `fence` on `name` in a task of its own, so that no caller's cancellation can
+    /// stop it halfway; a failure leaves the lease to run out. The task returns how long the
+    /// statement took.
+    fn spawn_release(
+        self: &Arc<Self>,
+        name: String,
+        fence: Fence,
+    ) -> tokio::task::JoinHandle<Duration> {
+        let leases = Arc::clone(self);
+        self.record(&name, LeaseEvent::Released(fence));
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let released = leases.store.release(&name, fence).await;
+            let round_trip = started.elapsed();
+            if let Err(error) = released {
+                tracing::warn!(
+                    target: "keyed_locks::cluster",
+                    key = %name,
+                    fence,
+                    %error,
+                    "could not release a lease; it will run out on its own"
+                );
+            }
+            round_trip
+        })
+    }
+
+    /// How long a lease lasts without renewal.
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// How long to wait for another process's lease before trying again without a notice:
+    /// between half the lease and the whole of it, at random, so that waiters on one key do
+    /// not retry in step.
+    pub(crate) fn poll_interval(&self) -> Duration {
+        let half = self.lease / 2;
+        let draw = self
+            .jitter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .next_u64();
+        let fraction = (draw % 1_000) as u32;
+        half + half * fraction / 1_000
+    }
+
+    /// Renews every held lease; marks lost those the store says are gone, and those it could
+    /// not confirm for a whole lease. The renewals run at once, so that a store that batches
+    /// sends them together, and a process holding many leases renews them in a round trip or
+    /// a few, not one per lease.
+    async fn renew_all(self: &Arc<Self>) {
+        let held: Vec<(String, Fence)> = self
+            .keys()
+            .iter()
+            .filter_map(|(name, entry)| Some((name.clone(), entry.held.as_ref()?.fence)))
+            .collect();
+        let mut renewals = tokio::task::JoinSet::new();
+        for (name, fence) in held {
+            let leases = Arc::clone(self);
+            renewals.spawn(async move {
+                let started = Instant::now();
+                let renewed = leases.store.renew(&name, fence).await;
+                (name, fence, started, renewed)
+            });
+        }
+        while let Some(joined) = renewals.join_next().await {
+            // A renewal task panics only on a bug in the store; its lease then runs out.
+            let Ok((name, fence, started, renewed)) = joined else {
+                continue;
+            };
+            match renewed {
+                Ok(true) => self.renewed(&name, fence, started),
+                Ok(false) => self.lose(&name, fence, "the lease is no longer ours"),
+                Err(error) => {
+                    let expired = self
+                        .held_mut(&mut self.keys(), &name, fence)
+                        .is_some_and(|held| held.validity.borrow().is_lost());
+                    if expired {
+                        self.lose(&name, fence, "the lease could not be renewed in time");
+                    } else {
+                        tracing::debug!(
+                            target: "keyed_locks::cluster",
+                            key = %name,
+                            fence,
+                            %error,
+                            "renewal failed; trying again at the next heartbeat"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A renewal that started at `started` succeeded. One that comes back after the lease it
+    /// renewed had run out locally changes nothing: the guard may have acted on "lost".
+    fn renewed(&self, name: &str, fence: Fence, started: Instant) {
+        if let Some(held) = self.held_mut(&mut self.keys(), name, fence) {
+            held.validity.send_if_modified(|validity| {
+                let extends = !validity.is_lost();
+                if extends {
+                    validity.until = started + self.lease;
+                }
+                extends
+            });
+        }
+    }
+
+    fn held_mut<'a>(&self, keys: &'a mut KeyMap, name: &str, fence: Fence) -> Option<&'a mut Held> {
+        keys.get_mut(name)?
+            .held
+            .as_mut()
+            .filter(|held| held.fence == fence)
+    }
+
+    /// The lease `fence` of `name` is lost: its guards learn it, and the next local holder
+    /// acquires a new one.
+    fn lose(&self, name: &str, fence: Fence, why: &str) {
+        let mut keys = self.keys();
+        let Some(entry) = keys.get_mut(name) else {
+            return;
+        };
+        let Some(held) = entry.held.take_if(|held| held.fence == fence) else {
+            return;
+        };
+        let token = fencing_token(fence, held.uses.saturating_sub(1));
+        held.validity.send_modify(|validity| validity.lost = true);
+        if entry.is_unused() {
+            keys.remove(name);
+        }
+        drop(keys);
+        self.record(name, LeaseEvent::Lost(fence));
+        tracing::warn!(
+            target: "keyed_locks::cluster",
+            key = %name,
+            fencing_token = token,
+            "lease lost: {why}; writes under this token must be refused by the resource"
+        );
+    }
+
+    /// Wakes the waiters of a released key, or of every key when notices were missed.
+    fn notice(&self, notice: LeaseNotice) {
+        let keys = self.keys();
+        match notice {
+            LeaseNotice::Released(name) => {
+                if let Some(entry) = keys.get(&name) {
+                    entry.released.notify_waiters();
+                }
+            }
+            LeaseNotice::Missed => keys
+                .values()
+                .for_each(|entry| entry.released.notify_waiters()),
+        }
+    }
+
+    /// Releases every lease of this process (shutdown) and tells their guards they are lost.
+    pub(crate) async fn release_everything(&self) {
+        let held: Vec<(String, Fence)> = {
+            let mut keys = self.keys();
+            // Before the statement: a lease whose acquisition lands after it is not recorded
+            // but given back (invariant 5), and every guard learns its lease is lost before
+            // the table can give the key to another process (invariant 7).
+            self.closed.store(true, Ordering::Relaxed);
+            keys.iter_mut()
+                .filter_map(|(name, entry)| {
+                    let held = entry.held.take()?;
+                    held.validity.send_modify(|validity| validity.lost = true);
+                    Some((name.clone(), held.fence))
+                })
+                .collect()
+        };
+        for (name, fence) in &held {
+            self.record(name, LeaseEvent::Released(*fence));
+        }
+        if let Err(error) = self.store.release_all().await {
+            tracing::warn!(
+                target: "keyed_locks::cluster",
+                %error,
+                "could not release the leases at shutdown; they will run out on their own"
+            );
+        }
+    }
+
+    /// Local keys with an entry, and leases held (for stats).
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        let keys = self.keys();
+        let held = keys.values().filter(|entry| entry.held.is_some()).count();
+        (keys.len(), held)
+    }
+}
+
+/// What a local caller's [`Interest`] and its guard need of the leases, whatever their store:
+/// so that the guard does not name the store.
+pub(crate) trait LocalUsers: Send + Sync {
+    /// The guard holding `fence` on `name` let it go; the lease stays for the next local
+    /// holder, or goes back when the guard's interest is withdrawn (invariant 2).
+    fn put_back(&self, name: &str, fence: Fence);
+
+    /// A local caller of `name` is done (its guard or its `lock` future dropped).
+    fn withdraw(self: Arc<Self>, name: &str);
+}
+
+impl<S: LeaseStore> LocalUsers for Leases<S> {
+    fn put_back(&self, name: &str, fence: Fence) {
+        if let Some(held) = self
+            .keys()
+            .get_mut(name)
+            .and_then(|entry| entry.held.as_mut())
+            .filter(|held| held.fence == fence)
+        {
+            held.in_use = false;
+        }
+    }
+
+    fn withdraw(self: Arc<Self>, name: &str) {
+        let mut keys = self.keys();
+        let Some(entry) = keys.get_mut(name) else {
+            debug_assert!(false, "invariant 1: interest in a key without an entry");
+            return;
+        };
+        entry.interest -= 1;
+        if entry.interest > 0 {
+            return;
+        }
+        let held = entry.held.take();
+        if entry.is_unused() {
+            keys.remove(name);
+        }
+        drop(keys);
+        if let Some(held) = held {
+            self.spawn_release(name.to_owned(), held.fence);
+        }
+    }
+}
+
+/// A local caller's interest in a key (invariant 2), withdrawn on drop.
+pub(crate) struct Interest {
+    leases: Arc<dyn LocalUsers>,
+    name: String,
+    released: Arc<Notify>,
+}
+
+impl Interest {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Woken when the key's lease is announced released.
+    pub(crate) fn released(&self) -> &Notify {
+        &self.released
+    }
+
+    /// The guard holding `fence` let it go (see [`LocalUsers::put_back`]).
+    pub(crate) fn put_back(&self, fence: Fence) {
+        self.leases.put_back(&self.name, fence);
+    }
+}
+
+impl Drop for Interest {
+    fn drop(&mut self) {
+        Arc::clone(&self.leases).withdraw(&self.name);
+    }
+}
+
+/// An acquisition statement failed (the database is unreachable, say); the caller retries.
+#[derive(Debug)]
+pub(crate) struct AcquireFailed(pub(crate) String);
+
+/// Runs the heartbeat and the notice dispatch until the leases are gone.
+pub(crate) fn spawn_background<S: LeaseStore>(
+    leases: &Arc<Leases<S>>,
+    mut notices: LeaseNotices,
+    heartbeat: Duration,
+) {
+    let weak: Weak<Leases<S>> = Arc::downgrade(leases);
+    let renewals = tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(heartbeat);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let Some(leases) = weak.upgrade() else {
+                return;
+            };
+            leases.renew_all().await;
+        }
+    });
+    let weak: Weak<Leases<S>> = Arc::downgrade(leases);
+    let dispatch = tokio::spawn(async move {
+        while let Some(notice) = notices.recv().await {
+            let Some(leases) = weak.upgrade() else {
+                return;
+            };
+            leases.notice(notice);
+        }
+    });
+    leases
+        .background
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .extend([renewals.abort_handle(), dispatch.abort_handle()]);
+}

@@ -1,0 +1,196 @@
+//! Cases of the leases' invariants that need a statement held in flight, on the in-memory
+//! store and tokio's paused clock. Each pins a bug the simulator found.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use crate::cluster::error::LeaseError;
+use crate::cluster::locking::entropy::Jitter;
+use crate::cluster::locking::lease_store::{Fence, LeaseStore};
+use crate::cluster::locking::leases::*;
+use crate::cluster::testing::memory_store::{MemoryLeaseStore, MemoryLeaseTable};
+
+const LEASE: Duration = Duration::from_secs(10);
+
+/// Where a statement waits for the test to let it go on.
+#[derive(Clone)]
+enum Hold {
+    /// Before it reaches the table.
+    BeforeApplying(Arc<Semaphore>),
+    /// After it was applied: its reply is late.
+    AfterApplying(Arc<Semaphore>),
+}
+
+/// The in-memory store, with statements held where the test says: each acquisition takes the
+/// next hold from `acquires` (none left: it runs at once), and `release_all` takes `release_all`.
+struct HeldStore {
+    inner: MemoryLeaseStore,
+    acquires: Mutex<VecDeque<Option<Hold>>>,
+    release_all: Option<Hold>,
+}
+
+impl HeldStore {
+    async fn held<T>(hold: Option<Hold>, statement: impl Future<Output = T>) -> T {
+        if let Some(Hold::BeforeApplying(gate)) = &hold {
+            let _permit = gate.acquire().await.expect("the gate stays open");
+        }
+        let reply = statement.await;
+        if let Some(Hold::AfterApplying(gate)) = &hold {
+            let _permit = gate.acquire().await.expect("the gate stays open");
+        }
+        reply
+    }
+}
+
+impl LeaseStore for HeldStore {
+    async fn acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
+        let hold = self.acquires.lock().unwrap().pop_front().flatten();
+        Self::held(hold, self.inner.acquire(key)).await
+    }
+
+    async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        self.inner.renew(key, fence).await
+    }
+
+    async fn release(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        self.inner.release(key, fence).await
+    }
+
+    async fn release_all(&self) -> Result<u64, LeaseError> {
+        Self::held(self.release_all.clone(), self.inner.release_all()).await
+    }
+}
+
+fn leases(
+    acquires: Vec<Option<Hold>>,
+    release_all: Option<Hold>,
+) -> (Arc<Leases<HeldStore>>, MemoryLeaseTable) {
+    let table = MemoryLeaseTable::new();
+    let (inner, _notices) = table.store(LEASE);
+    let store = HeldStore {
+        inner,
+        acquires: Mutex::new(acquires.into()),
+        release_all,
+    };
+    let bounds = CohortBounds {
+        max_uses: 16,
+        max_hold: LEASE / 2,
+    };
+    let leases = Leases::new(store, bounds, LEASE, None, Jitter::from_seed(0));
+    (leases, table)
+}
+
+/// Lets the tasks the leases spawned (acquisitions, releases) run to their end.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
+fn held_now(table: &MemoryLeaseTable, key: &str) -> bool {
+    table
+        .row(key)
+        .is_some_and(|row| row.is_held_at(tokio::time::Instant::now()))
+}
+
+/// Invariant 5.
+#[tokio::test(start_paused = true)]
+async fn a_lease_taken_during_shutdown_is_given_back() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (leases, table) = leases(vec![Some(Hold::BeforeApplying(Arc::clone(&gate)))], None);
+    let interest = leases.register("k");
+
+    // A lock's acquisition is on its way to the table when shutdown releases everything.
+    let acquiring = tokio::spawn({
+        let leases = Arc::clone(&leases);
+        async move { leases.acquire("k").await.map(|lease| lease.is_some()) }
+    });
+    tokio::task::yield_now().await;
+    leases.release_everything().await;
+    gate.add_permits(1);
+
+    let got_a_lease = acquiring.await.expect("the acquisition task ends");
+    assert!(
+        matches!(got_a_lease, Ok(false)),
+        "a lease acquired after shutdown began was handed to the caller"
+    );
+    settle().await;
+    assert_eq!(leases.counts().1, 0, "a lease is still recorded as held");
+    assert!(
+        !held_now(&table, "k"),
+        "the lease taken during shutdown was not given back"
+    );
+    drop(interest);
+}
+
+/// Invariant 6.
+#[tokio::test(start_paused = true)]
+async fn a_late_reply_for_an_older_fence_is_not_recorded() {
+    let late = Arc::new(Semaphore::new(0));
+    let (leases, _table) = leases(vec![Some(Hold::AfterApplying(Arc::clone(&late)))], None);
+
+    // A caller's acquisition takes fence 1, but its reply is late, and the caller gives up.
+    let first = leases.register("k");
+    let gave_up = tokio::time::timeout(Duration::from_millis(5), leases.acquire("k")).await;
+    assert!(
+        gave_up.is_err(),
+        "the first acquisition's reply came at once"
+    );
+    drop(first);
+
+    // The next caller takes the row again (fence 2), uses it, and goes; the lease goes back.
+    let second = leases.register("k");
+    let Ok(Some(lease)) = leases.acquire("k").await else {
+        panic!("the second acquisition did not take the lease");
+    };
+    assert_eq!(lease.fence, 2);
+    leases.put_back("k", lease.fence);
+    drop(second);
+    settle().await;
+
+    // Then the first reply comes, while a third caller waits for the key.
+    let third = leases.register("k");
+    late.add_permits(1);
+    settle().await;
+    assert_eq!(
+        leases.counts().1,
+        0,
+        "the late reply's fence 1 was recorded after fence 2"
+    );
+    assert!(
+        matches!(leases.next_for_holder("k"), Next::Acquire { .. }),
+        "the third caller was offered the older fence"
+    );
+    drop(third);
+    settle().await;
+    assert_eq!(leases.counts(), (0, 0), "an entry outlived its callers");
+}
+
+/// Invariant 7.
+#[tokio::test(start_paused = true)]
+async fn guards_learn_of_shutdown_before_the_release_is_sent() {
+    let late = Arc::new(Semaphore::new(0));
+    let (leases, table) = leases(Vec::new(), Some(Hold::AfterApplying(Arc::clone(&late))));
+    let interest = leases.register("k");
+    let Ok(Some(lease)) = leases.acquire("k").await else {
+        panic!("the acquisition did not take the lease");
+    };
+
+    let shutting_down = tokio::spawn({
+        let leases = Arc::clone(&leases);
+        async move { leases.release_everything().await }
+    });
+    settle().await;
+    assert!(
+        !held_now(&table, "k"),
+        "the release was not applied before its reply"
+    );
+    assert!(
+        lease.validity.borrow().is_lost(),
+        "the table gave the lease back while its guard still believed it live"
+    );
+    late.add_permits(1);
+    shutting_down.await.expect("shutdown ends");
+    drop(interest);
+}

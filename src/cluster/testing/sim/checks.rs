@@ -1,0 +1,303 @@
+//! What the simulator checks, at every grant, write and lock call, and the resource the
+//! workers write to.
+//!
+//! - **Fenced writes**: the resource accepts a write only with a token above every token it
+//!   accepted before for the key, as a user's store must (`UPDATE ... WHERE fence < $token`).
+//!   Checked apart from the resource's own check: no accepted token is at or below one
+//!   accepted before.
+//! - **One live holder**: when a holder that believes its lease live writes, no other guard of
+//!   the key, in any process, believes its own lease live at that simulated instant.
+//! - **Tokens increase across the cluster**: each grant's token is above every token granted
+//!   for the key before, by any process.
+//! - **The hand-off bound**: a lease serves at most `max_local_handoffs + 1` guards, all within
+//!   `max_local_hold` of its first.
+//! - **Every call ends**: a `lock` call without a caller's timeout ends (granted or `Closed`)
+//!   within [`CALL_BOUND`].
+//! - The store's replies and the idle state are checked in `store` and `world`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::log::EventLog;
+use super::plan::MAX_HOLD;
+use crate::cluster::ClusterGuard;
+use crate::cluster::locking::lease_store::Fence;
+use crate::cluster::locking::leases::HANDOFF_BITS;
+
+/// The longest a `lock` call without a timeout of its caller may take. Faults stop a process
+/// for up to two leases and a holder keeps a key past its lease, so a call can wait behind
+/// several of them; this is several times the longest wait seen in any run (the simulator's
+/// tests print it), and far below a wedged key, which never ends.
+pub(super) const CALL_BOUND: Duration = Duration::from_secs(60);
+
+/// A holder of a key, as the checker sees it.
+struct Holder {
+    who: String,
+    token: u64,
+    guard: Arc<ClusterGuard<String>>,
+}
+
+/// A `lock` call under way.
+struct Call {
+    who: String,
+    key: String,
+    started: Instant,
+    /// Whether its caller bounds it (a timeout, a drop, an abort); those need not end on their
+    /// own.
+    bounded_by_caller: bool,
+}
+
+#[derive(Default)]
+struct State {
+    failure: Option<String>,
+    /// The highest token granted per key, by any process.
+    granted: BTreeMap<String, u64>,
+    /// When the first guard under each lease was granted.
+    first_grant: BTreeMap<(String, Fence), Instant>,
+    holders: BTreeMap<String, Vec<Holder>>,
+    /// The resource's record: the highest token it accepted per key.
+    resource: BTreeMap<String, u64>,
+    /// The checker's own record of the tokens the resource accepted, apart from the resource.
+    accepted: BTreeMap<String, u64>,
+    calls: BTreeMap<u64, Call>,
+    calls_made: u64,
+    longest_call: Duration,
+    stats: Stats,
+}
+
+/// What happened in a run, for its report.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Stats {
+    pub(crate) grants: u64,
+    pub(crate) writes_accepted: u64,
+    pub(crate) writes_refused: u64,
+    pub(crate) calls_given_up: u64,
+    pub(crate) calls_closed: u64,
+    pub(crate) faults: u64,
+}
+
+/// The checks of one run.
+pub(super) struct Checker {
+    log: Arc<EventLog>,
+    resource_checks_fence: bool,
+    max_uses: u32,
+    state: Mutex<State>,
+}
+
+impl Checker {
+    pub(super) fn new(log: Arc<EventLog>, resource_checks_fence: bool, max_uses: u32) -> Self {
+        Checker {
+            log,
+            resource_checks_fence,
+            max_uses,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records a broken promise; the run's first is its failure.
+    pub(super) fn fail(&self, what: String) {
+        self.log.event("CHECK", format_args!("FAILED: {what}"));
+        let mut state = self.state();
+        state.failure.get_or_insert(what);
+    }
+
+    pub(super) fn failure(&self) -> Option<String> {
+        self.state().failure.clone()
+    }
+
+    pub(super) fn stats(&self) -> Stats {
+        self.state().stats
+    }
+
+    pub(super) fn longest_call(&self) -> Duration {
+        self.state().longest_call
+    }
+
+    pub(super) fn count_fault(&self) {
+        self.count_faults(1);
+    }
+
+    pub(super) fn count_faults(&self, faults: u64) {
+        self.state().stats.faults += faults;
+    }
+
+    /// A `lock` call starts; returns its number for [`call_ended`](Self::call_ended).
+    pub(super) fn call_started(&self, who: &str, key: &str, bounded_by_caller: bool) -> u64 {
+        let mut state = self.state();
+        state.calls_made += 1;
+        let id = state.calls_made;
+        state.calls.insert(
+            id,
+            Call {
+                who: who.to_owned(),
+                key: key.to_owned(),
+                started: Instant::now(),
+                bounded_by_caller,
+            },
+        );
+        id
+    }
+
+    /// A `lock` call ended: granted, `Closed`, or given up by its caller.
+    pub(super) fn call_ended(&self, id: u64, outcome: CallOutcome) {
+        let mut state = self.state();
+        if let Some(call) = state.calls.remove(&id) {
+            let took = call.started.elapsed();
+            if !call.bounded_by_caller {
+                state.longest_call = state.longest_call.max(took);
+            }
+        }
+        match outcome {
+            CallOutcome::Granted => state.stats.grants += 1,
+            CallOutcome::GaveUp => state.stats.calls_given_up += 1,
+            CallOutcome::Closed => state.stats.calls_closed += 1,
+        }
+    }
+
+    /// Fails if a call without a caller's bound has run past [`CALL_BOUND`].
+    pub(super) fn check_calls(&self) {
+        let late = self
+            .state()
+            .calls
+            .values()
+            .find(|call| !call.bounded_by_caller && call.started.elapsed() > CALL_BOUND)
+            .map(|call| {
+                format!(
+                    "{}'s lock of {:?} has not ended after {CALL_BOUND:?}",
+                    call.who, call.key
+                )
+            });
+        if let Some(late) = late {
+            self.fail(late);
+        }
+    }
+
+    /// The calls under way (none, once every worker is done).
+    pub(super) fn calls_under_way(&self) -> usize {
+        self.state().calls.len()
+    }
+
+    /// `who` was granted `key` with `guard`, just now.
+    pub(super) fn granted(&self, who: &str, key: &str, guard: &Arc<ClusterGuard<String>>) {
+        let now = Instant::now();
+        let token = guard.fencing_token();
+        let fence = token >> HANDOFF_BITS;
+        let uses = token & ((1 << HANDOFF_BITS) - 1);
+        let mut failures = Vec::new();
+        {
+            let mut state = self.state();
+            let before = state.granted.insert(key.to_owned(), token).unwrap_or(0);
+            if token <= before {
+                failures.push(format!(
+                    "{who} was granted {key:?} under token {token}, not above {before} granted before"
+                ));
+                state.granted.insert(key.to_owned(), before);
+            }
+            if uses >= u64::from(self.max_uses) {
+                failures.push(format!(
+                    "{who} was granted {key:?} as guard {} of lease {fence}: past the bound of {}",
+                    uses + 1,
+                    self.max_uses
+                ));
+            }
+            let first = *state
+                .first_grant
+                .entry((key.to_owned(), fence))
+                .or_insert(now);
+            if now - first >= MAX_HOLD {
+                failures.push(format!(
+                    "{who} was granted {key:?} under lease {fence} {:?} after its first guard: past the hold bound of {MAX_HOLD:?}",
+                    now - first
+                ));
+            }
+            state
+                .holders
+                .entry(key.to_owned())
+                .or_default()
+                .push(Holder {
+                    who: who.to_owned(),
+                    token,
+                    guard: Arc::clone(guard),
+                });
+        }
+        self.log
+            .event(who, format_args!("granted {key} token {fence}.{uses}"));
+        failures.into_iter().for_each(|failure| self.fail(failure));
+    }
+
+    /// `who` writes to `key` under `guard`; `believes_live` is what the guard said just before.
+    /// Returns whether the resource accepted the write.
+    pub(super) fn write(&self, who: &str, key: &str, token: u64, believes_live: bool) -> bool {
+        let mut failures = Vec::new();
+        let accepted;
+        {
+            let mut state = self.state();
+            if believes_live {
+                for other in state.holders.get(key).into_iter().flatten() {
+                    if other.who != who && !other.guard.is_lost() {
+                        failures.push(format!(
+                            "{who} (token {token}) and {} (token {}) both believe they hold {key:?} live, and {who} writes",
+                            other.who, other.token
+                        ));
+                    }
+                }
+            }
+            // The resource: a fenced store refuses a token at or below the highest it saw.
+            let highest = state.resource.get(key).copied().unwrap_or(0);
+            accepted = !self.resource_checks_fence || token > highest;
+            if accepted {
+                state.resource.insert(key.to_owned(), token);
+                let before = state.accepted.insert(key.to_owned(), token).unwrap_or(0);
+                if token <= before {
+                    failures.push(format!(
+                        "the resource accepted {who}'s write to {key:?} under token {token}, not above {before} accepted before"
+                    ));
+                }
+                state.stats.writes_accepted += 1;
+            } else {
+                state.stats.writes_refused += 1;
+            }
+        }
+        let outcome = if accepted { "accepted" } else { "refused" };
+        let belief = if believes_live { "live" } else { "lost" };
+        self.log.event(
+            who,
+            format_args!("writes {key} token {token} believing it {belief}: {outcome}"),
+        );
+        failures.into_iter().for_each(|failure| self.fail(failure));
+        accepted
+    }
+
+    /// The process named `process` was killed: its calls and guards went with it.
+    pub(super) fn killed(&self, process: &str) {
+        let of_process = |who: &str| who.split('.').next() == Some(process);
+        let mut state = self.state();
+        state.calls.retain(|_, call| !of_process(&call.who));
+        for holders in state.holders.values_mut() {
+            holders.retain(|holder| !of_process(&holder.who));
+        }
+    }
+
+    /// `who` dropped its guard of `key`.
+    pub(super) fn released(&self, who: &str, key: &str) {
+        if let Some(holders) = self.state().holders.get_mut(key) {
+            holders.retain(|holder| holder.who != who);
+        }
+        self.log.event(who, format_args!("drops {key}"));
+    }
+}
+
+/// How a `lock` call ended.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum CallOutcome {
+    Granted,
+    GaveUp,
+    Closed,
+}

@@ -1,0 +1,313 @@
+//! A simulated process's connection to the shared in-memory table: what PostgreSQL and the
+//! network do to its statements and notices, drawn from the seed, and each statement's reply
+//! checked against the table's rules (the `memory_store` invariants).
+//!
+//! A statement, in order:
+//! 1. waits while the process is paused (a stopped process sends nothing), and never returns
+//!    once it is killed;
+//! 2. fails unsent with [`LeaseError::Reconnecting`] while the connection is down;
+//! 3. may fail by timing out after the heartbeat, unsent or applied (its reply lost);
+//! 4. otherwise reaches the table after a latency (usually a few milliseconds, sometimes
+//!    hundreds), is applied there in one step, and its reply comes back after another;
+//! 5. a reply that comes back while the process is paused is read when it resumes.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep, sleep_until};
+
+use super::checks::Checker;
+use super::log::EventLog;
+use super::plan::{HEARTBEAT, ProcessClock};
+use super::rng::Rng;
+use crate::cluster::error::LeaseError;
+use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore};
+use crate::cluster::locking::notices::{self, LeaseNotices};
+use crate::cluster::testing::memory_store::{MemoryLeaseStore, MemoryLeaseTable, Row};
+
+/// In thousandths: how often a statement times out before reaching the table, or after.
+const TIMEOUT_UNSENT: u64 = 15;
+const TIMEOUT_APPLIED: u64 = 15;
+/// In thousandths: how often a statement is slow (a lock wait, a checkpoint).
+const SLOW: u64 = 20;
+/// In thousandths: how often a release notice is lost on its way to one process.
+const NOTICE_LOST: u64 = 30;
+
+/// One process's lease store in the simulation.
+pub(super) struct SimStore {
+    inner: MemoryLeaseStore,
+    table: MemoryLeaseTable,
+    process: Arc<ProcessClock>,
+    rng: Mutex<Rng>,
+    checker: Arc<Checker>,
+    log: Arc<EventLog>,
+}
+
+/// One statement, for the log and the reply check.
+#[derive(Clone, Copy)]
+enum Statement<'a> {
+    Acquire(&'a str),
+    Renew(&'a str, Fence),
+    Release(&'a str, Fence),
+    ReleaseAll,
+}
+
+impl Statement<'_> {
+    /// The key whose row the statement reads and writes; none for `release all`.
+    fn key(&self) -> Option<&str> {
+        match *self {
+            Statement::Acquire(key) | Statement::Renew(key, _) | Statement::Release(key, _) => {
+                Some(key)
+            }
+            Statement::ReleaseAll => None,
+        }
+    }
+}
+
+/// A boolean reply against what the rules say it must be, given the row before.
+fn expect(reply: bool, rule: bool, rule_says: &str) -> Result<(), String> {
+    if reply == rule {
+        Ok(())
+    } else {
+        Err(format!("{rule_says}: {rule}"))
+    }
+}
+
+impl std::fmt::Display for Statement<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Statement::Acquire(key) => write!(f, "acquire {key}"),
+            Statement::Renew(key, fence) => write!(f, "renew {key} fence {fence}"),
+            Statement::Release(key, fence) => write!(f, "release {key} fence {fence}"),
+            Statement::ReleaseAll => f.write_str("release all"),
+        }
+    }
+}
+
+impl SimStore {
+    pub(super) fn new(
+        inner: MemoryLeaseStore,
+        table: MemoryLeaseTable,
+        process: Arc<ProcessClock>,
+        rng: Rng,
+        checker: Arc<Checker>,
+        log: Arc<EventLog>,
+    ) -> Self {
+        SimStore {
+            inner,
+            table,
+            process,
+            rng: Mutex::new(rng),
+            checker,
+            log,
+        }
+    }
+
+    fn draw<T>(&self, choose: impl FnOnce(&mut Rng) -> T) -> T {
+        choose(&mut self.rng.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn latency(&self) -> Duration {
+        self.draw(|rng| {
+            if rng.chance(SLOW) {
+                rng.between(Duration::from_millis(20), Duration::from_millis(400))
+            } else {
+                rng.between(Duration::ZERO, Duration::from_millis(3))
+            }
+        })
+    }
+
+    fn event(&self, what: std::fmt::Arguments<'_>) {
+        self.log.event(&self.process.name, what);
+    }
+
+    /// Waits out a pause under way; never returns once the process is dead.
+    async fn while_stopped(&self) {
+        loop {
+            if self.process.is_dead(Instant::now()) {
+                std::future::pending::<()>().await;
+            }
+            match self.process.paused_until(Instant::now()) {
+                Some(resume) => sleep_until(resume).await,
+                None => return,
+            }
+        }
+    }
+
+    /// Runs `statement` through the simulated connection; `apply` is its step on the table,
+    /// and `check` says whether its reply keeps the table's rules, given the rows before.
+    async fn run<T: std::fmt::Debug, F: Future<Output = Result<T, LeaseError>>>(
+        &self,
+        statement: Statement<'_>,
+        apply: impl FnOnce() -> F,
+        check: impl FnOnce(&T, Option<&Row>, Instant) -> Result<(), String>,
+    ) -> Result<T, LeaseError> {
+        self.while_stopped().await;
+        if let Some(back) = self.process.down_until(Instant::now()) {
+            self.event(format_args!("{statement}: connection down"));
+            return Err(LeaseError::Reconnecting {
+                retry_in: back - Instant::now(),
+            });
+        }
+        let (unsent, applied_unanswered) =
+            self.draw(|rng| (rng.chance(TIMEOUT_UNSENT), rng.chance(TIMEOUT_APPLIED)));
+        if unsent {
+            self.checker.count_fault();
+            sleep(HEARTBEAT).await;
+            self.event(format_args!("{statement}: timed out, not applied"));
+            return Err(LeaseError::Timeout { after: HEARTBEAT });
+        }
+        sleep(self.latency()).await;
+        if self.process.is_dead(Instant::now()) {
+            std::future::pending::<()>().await;
+        }
+        let before = statement.key().and_then(|key| self.table.row(key));
+        let now = Instant::now();
+        // The memory store's calls complete at once: the statement is one step of the table.
+        let reply = apply().await;
+        self.event(format_args!("{statement} -> {reply:?}"));
+        if let Ok(value) = &reply
+            && let Err(broken) = check(value, before.as_ref(), now)
+        {
+            self.checker.fail(format!(
+                "the store broke its rules: {} {statement} -> {value:?}: {broken}",
+                self.process.name
+            ));
+        }
+        if applied_unanswered {
+            self.checker.count_fault();
+            sleep(HEARTBEAT).await;
+            self.event(format_args!("{statement}: applied, reply lost (timed out)"));
+            return Err(LeaseError::Timeout { after: HEARTBEAT });
+        }
+        sleep(self.latency()).await;
+        self.while_stopped().await;
+        reply
+    }
+
+    fn owner(&self) -> &str {
+        self.inner.owner()
+    }
+}
+
+impl LeaseStore for SimStore {
+    async fn acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
+        let owner = self.owner().to_owned();
+        self.run(
+            Statement::Acquire(key),
+            || self.inner.acquire(key),
+            |taken, row, now| {
+                let free = row.is_none_or(|row| !row.is_held_at(now) || row.is_owned_by(&owner));
+                let next = row.map_or(1, |row| row.fence + 1);
+                match taken {
+                    Some(fence) if free && *fence == next => Ok(()),
+                    Some(fence) if free => Err(format!("fence {fence}, where {next} was next")),
+                    Some(_) => Err("taken while another owner held it live".to_owned()),
+                    None if free => Err("refused while free, expired or ours".to_owned()),
+                    None => Ok(()),
+                }
+            },
+        )
+        .await
+    }
+
+    async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        let owner = self.owner().to_owned();
+        self.run(
+            Statement::Renew(key, fence),
+            || self.inner.renew(key, fence),
+            |renewed, row, now| {
+                let ours_and_live = row.is_some_and(|row| {
+                    row.is_held_at(now) && row.fence == fence && row.is_owned_by(&owner)
+                });
+                expect(
+                    *renewed,
+                    ours_and_live,
+                    "the row was ours, live and under this fence",
+                )
+            },
+        )
+        .await
+    }
+
+    async fn release(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        let owner = self.owner().to_owned();
+        self.run(
+            Statement::Release(key, fence),
+            || self.inner.release(key, fence),
+            |released, row, _| {
+                let ours = row.is_some_and(|row| row.fence == fence && row.is_owned_by(&owner));
+                expect(*released, ours, "the row was ours under this fence")
+            },
+        )
+        .await
+    }
+
+    async fn release_all(&self) -> Result<u64, LeaseError> {
+        self.run(
+            Statement::ReleaseAll,
+            || self.inner.release_all(),
+            |_, _, _| Ok(()),
+        )
+        .await
+    }
+}
+
+/// Passes the table's notices to one process as its listener would: lost now and then, lost
+/// while the connection is down and followed by [`LeaseNotice::Missed`] when it comes back,
+/// none once the process is dead. Returns the notices the process reads.
+pub(super) fn relay_notices(
+    mut from_table: LeaseNotices,
+    process: Arc<ProcessClock>,
+    mut rng: Rng,
+    checker: Arc<Checker>,
+    log: Arc<EventLog>,
+) -> LeaseNotices {
+    let (sender, notices) = notices::channel();
+    // When each outage ends, the listener reconnects and says notices may have been missed.
+    let mut reconnections: Vec<Instant> = process
+        .plan()
+        .outages
+        .iter()
+        .map(|window| process.at(window.until))
+        .collect();
+    reconnections.sort();
+    let relay = tokio::spawn(async move {
+        let mut reconnections = reconnections.into_iter().peekable();
+        loop {
+            let next_reconnection = reconnections.peek().copied();
+            let notice = tokio::select! {
+                biased;
+                () = async {
+                    match next_reconnection {
+                        Some(at) => sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    reconnections.next();
+                    LeaseNotice::Missed
+                }
+                notice = from_table.recv() => match notice {
+                    Some(notice) => notice,
+                    None => return,
+                },
+            };
+            let now = Instant::now();
+            if process.is_dead(now) {
+                return;
+            }
+            let lost = matches!(notice, LeaseNotice::Released(_))
+                && (process.down_until(now).is_some() || rng.chance(NOTICE_LOST));
+            if lost {
+                checker.count_fault();
+                log.event(&process.name, format_args!("notice {notice:?} lost"));
+                continue;
+            }
+            sender.send(notice);
+        }
+    });
+    let mut notices = notices;
+    notices.stop_on_drop(relay.abort_handle());
+    notices
+}

@@ -1,0 +1,183 @@
+//! The workload of one simulated worker, and [`Pausable`], which stops a process's tasks while
+//! the plan pauses it.
+//!
+//! A worker runs `ops` lock calls on random keys: most wait as long as it takes, some under a
+//! timeout, some with a timeout of zero (a try), some in a task aborted part-way. A granted
+//! worker holds the key for a few milliseconds, sometimes for hundreds, sometimes past the
+//! lease; then it writes to the resource under its token: only if its guard says the lease is
+//! live, or, now and then, regardless (a careless holder, which the fence must stop).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep, sleep, sleep_until, timeout};
+
+use super::checks::{CallOutcome, Checker};
+use super::log::EventLog;
+use super::plan::{LEASE, ProcessClock};
+use super::rng::Rng;
+use crate::cluster::ClusterGuard;
+use crate::cluster::locking::lease_store::LeaseStore;
+use crate::cluster::locking::locks::ClusterLocks;
+use crate::error::LockError;
+
+/// One worker of a simulated process.
+pub(super) struct Worker<S> {
+    pub(super) who: String,
+    pub(super) locks: ClusterLocks<String, S>,
+    pub(super) process: Arc<ProcessClock>,
+    pub(super) keys: usize,
+    pub(super) ops: usize,
+    pub(super) rng: Rng,
+    pub(super) checker: Arc<Checker>,
+    pub(super) log: Arc<EventLog>,
+}
+
+/// How a worker calls `lock`.
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    Wait,
+    Timeout(Duration),
+    Abort(Duration),
+}
+
+impl<S: LeaseStore> Worker<S> {
+    pub(super) async fn run(mut self) {
+        for _ in 0..self.ops {
+            // The first key is the hot one.
+            let key = match self.rng.below(4) {
+                0..=1 => 0,
+                _ => self.rng.below(self.keys as u64),
+            };
+            let key = format!("k{key}");
+            let call = match self.rng.below(10) {
+                0..=5 => Call::Wait,
+                6..=7 => Call::Timeout(
+                    self.rng
+                        .between(Duration::from_millis(1), Duration::from_millis(1500)),
+                ),
+                8 => Call::Timeout(Duration::ZERO),
+                _ => Call::Abort(self.rng.between(Duration::ZERO, Duration::from_millis(300))),
+            };
+            if !self.once(&key, call).await {
+                return;
+            }
+            let think = self.rng.between(Duration::ZERO, Duration::from_millis(10));
+            sleep(think).await;
+        }
+        self.log.event(&self.who, format_args!("done"));
+    }
+
+    /// One lock call and what follows; `false` once the registry is closed.
+    async fn once(&mut self, key: &str, call: Call) -> bool {
+        self.log
+            .event(&self.who, format_args!("locks {key} ({call:?})"));
+        let id = self
+            .checker
+            .call_started(&self.who, key, !matches!(call, Call::Wait));
+        let locked = match call {
+            Call::Wait => Some(lock(&self.locks, key, &self.who, &self.checker).await),
+            Call::Timeout(limit) => {
+                timeout(limit, lock(&self.locks, key, &self.who, &self.checker))
+                    .await
+                    .ok()
+            }
+            Call::Abort(after) => {
+                let (locks, checker) = (self.locks.clone(), Arc::clone(&self.checker));
+                let (owned, who) = (key.to_owned(), self.who.clone());
+                let task = tokio::spawn(Pausable::new(
+                    async move { lock(&locks, &owned, &who, &checker).await },
+                    Arc::clone(&self.process),
+                ));
+                sleep(after).await;
+                // Abort, then take what it got if it finished first: an aborted task that was
+                // granted already hands its guard over, as a real caller's would.
+                task.abort();
+                task.await.ok()
+            }
+        };
+        let guard = match locked {
+            None => {
+                self.log.event(&self.who, format_args!("gives up {key}"));
+                self.checker.call_ended(id, CallOutcome::GaveUp);
+                return true;
+            }
+            Some(Err(LockError::Closed)) => {
+                self.log.event(&self.who, format_args!("closed"));
+                self.checker.call_ended(id, CallOutcome::Closed);
+                return false;
+            }
+            Some(Ok(guard)) => guard,
+        };
+        self.checker.call_ended(id, CallOutcome::Granted);
+        let hold = match self.rng.below(20) {
+            0..=16 => self.rng.between(Duration::ZERO, Duration::from_millis(20)),
+            17..=18 => self
+                .rng
+                .between(Duration::from_millis(50), Duration::from_millis(400)),
+            _ => self.rng.between(LEASE + LEASE / 5, 2 * LEASE),
+        };
+        sleep(hold).await;
+        let believes_live = !guard.is_lost();
+        if believes_live || self.rng.chance(500) {
+            self.checker
+                .write(&self.who, key, guard.fencing_token(), believes_live);
+        }
+        self.checker.released(&self.who, key);
+        drop(guard);
+        true
+    }
+}
+
+/// Locks `key` for `who`, and tells the checker at the instant of the grant (an aborted task's
+/// guard reaches its worker later).
+async fn lock<S: LeaseStore>(
+    locks: &ClusterLocks<String, S>,
+    key: &str,
+    who: &str,
+    checker: &Checker,
+) -> Result<Arc<ClusterGuard<String>>, LockError> {
+    let guard = Arc::new(locks.lock(key.to_owned()).await?);
+    checker.granted(who, key, &guard);
+    Ok(guard)
+}
+
+/// A task of a simulated process: not polled while the process is paused, as a stopped
+/// process's code does not run. Its timers still fire; it reads them when it resumes.
+pub(super) struct Pausable<F> {
+    inner: Pin<Box<F>>,
+    process: Arc<ProcessClock>,
+    pause: Option<Pin<Box<Sleep>>>,
+}
+
+impl<F> Pausable<F> {
+    pub(super) fn new(inner: F, process: Arc<ProcessClock>) -> Self {
+        Pausable {
+            inner: Box::pin(inner),
+            process,
+            pause: None,
+        }
+    }
+}
+
+impl<F: Future> Future for Pausable<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        loop {
+            if let Some(pause) = &mut self.pause {
+                if pause.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.pause = None;
+            }
+            match self.process.paused_until(Instant::now()) {
+                Some(resume) => self.pause = Some(Box::pin(sleep_until(resume))),
+                None => return self.inner.as_mut().poll(cx),
+            }
+        }
+    }
+}
