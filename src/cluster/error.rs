@@ -2,6 +2,8 @@
 
 use std::error::Error;
 use std::fmt;
+#[cfg(feature = "postgres")]
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,6 +76,61 @@ pub enum ClusterError {
         /// The most accepted.
         max: u32,
     },
+    /// The server answered the request for TLS with "no", and the URL's `sslmode` (`require`,
+    /// `verify-ca` or `verify-full`) forbids plain text.
+    TlsNotOffered {
+        /// The server's hosts and ports.
+        server: String,
+        /// The `sslmode` that asked for TLS.
+        mode: &'static str,
+    },
+    /// The server refused a connection without TLS (`sslmode=disable`): its `pg_hba.conf`
+    /// lets this role in only over TLS (or not at all).
+    PlainTextRefused {
+        /// The server's hosts and ports.
+        server: String,
+        /// The server's refusal.
+        source: BoxError,
+    },
+    /// The server's certificate did not verify under `sslmode=verify-ca` or `verify-full`:
+    /// an unknown issuer, a wrong host name, an expired certificate.
+    BadCertificate {
+        /// The server's hosts and ports.
+        server: String,
+        /// What failed, in words: `unknown issuer: ...`, `wrong host name: ...`,
+        /// `expired ...`.
+        problem: String,
+        /// The TLS library's error.
+        source: BoxError,
+    },
+    /// The TLS handshake failed for another reason than the certificate (no protocol version
+    /// or cipher in common, a malformed message).
+    TlsHandshake {
+        /// The server's hosts and ports.
+        server: String,
+        /// The TLS library's error.
+        source: BoxError,
+    },
+    /// The root certificates named by the URL's `sslrootcert` cannot be read, or the file
+    /// holds none.
+    TlsRootFile {
+        /// The file, as the URL names it.
+        path: PathBuf,
+        /// Why it cannot be used.
+        source: BoxError,
+    },
+    /// `verify-ca` or `verify-full` without `sslrootcert` uses the platform's root
+    /// certificates, and none could be loaded.
+    NoSystemRoots {
+        /// Why none were loaded.
+        source: BoxError,
+    },
+    /// The TLS library refused the configuration built for the connection (its crypto
+    /// provider offers no protocol version it accepts).
+    TlsConfig {
+        /// The TLS library's error.
+        source: BoxError,
+    },
     /// Any other failure of the server: authentication, a missing database, a table of another
     /// shape, a read-only server.
     Database {
@@ -124,6 +181,39 @@ impl fmt::Display for ClusterError {
                 "max_local_handoffs of {asked} is above the maximum, {max}: a fencing token \
                  counts the hand-offs under one lease in 20 bits"
             ),
+            ClusterError::TlsNotOffered { server, mode } => write!(
+                f,
+                "the postgresql server at {server} does not offer tls, which sslmode={mode} requires"
+            ),
+            ClusterError::PlainTextRefused { server, .. } => write!(
+                f,
+                "the postgresql server at {server} refused a connection without tls \
+                 (sslmode=disable); it may accept one with sslmode=require or stricter"
+            ),
+            ClusterError::BadCertificate {
+                server, problem, ..
+            } => write!(
+                f,
+                "the certificate of the postgresql server at {server} does not verify: {problem}"
+            ),
+            ClusterError::TlsHandshake { server, .. } => {
+                write!(
+                    f,
+                    "the tls handshake with the postgresql server at {server} failed"
+                )
+            }
+            ClusterError::TlsRootFile { path, .. } => write!(
+                f,
+                "cannot use the root certificates in {} (sslrootcert)",
+                path.display()
+            ),
+            ClusterError::NoSystemRoots { .. } => f.write_str(
+                "no root certificate could be loaded from the platform's store; \
+                 name a file with sslrootcert",
+            ),
+            ClusterError::TlsConfig { .. } => {
+                f.write_str("the tls library refused the connection's configuration")
+            }
             ClusterError::Database { action, .. } => {
                 write!(f, "the postgresql server failed while {action}")
             }
@@ -138,8 +228,15 @@ impl Error for ClusterError {
             ClusterError::BadUrl { source }
             | ClusterError::Unreachable { source, .. }
             | ClusterError::MissingPermission { source, .. }
-            | ClusterError::Database { source, .. } => Some(&**source),
+            | ClusterError::Database { source, .. }
+            | ClusterError::PlainTextRefused { source, .. }
+            | ClusterError::BadCertificate { source, .. }
+            | ClusterError::TlsHandshake { source, .. }
+            | ClusterError::TlsRootFile { source, .. }
+            | ClusterError::NoSystemRoots { source }
+            | ClusterError::TlsConfig { source } => Some(&**source),
             ClusterError::ConnectTimeout { .. }
+            | ClusterError::TlsNotOffered { .. }
             | ClusterError::BadTablePrefix { .. }
             | ClusterError::LeaseTooShort { .. }
             | ClusterError::LeaseTooLong { .. }

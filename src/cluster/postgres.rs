@@ -6,7 +6,9 @@
 //! - `batch`: group commit on the client, the requests of many keys in one statement.
 //! - `link`: the statement connection, made again after a loss; `listener`: the LISTEN
 //!   connection, likewise; `connection`: the server's address and one connection to it;
-//!   `backoff`: the delays between reconnection attempts.
+//!   `backoff`: the delays between reconnection attempts; `sslmode`: libpq's TLS parameters,
+//!   taken out of the URL; `tls`: the TLS configuration each mode asks for, and the
+//!   handshake's failures named.
 //! - `config`: what a store is told (URL, table prefix, lease and heartbeat), checked before
 //!   anything reaches the server.
 
@@ -16,4 +18,6 @@ pub(crate) mod config;
 pub(crate) mod connection;
 pub(crate) mod link;
 pub(crate) mod listener;
+pub(crate) mod sslmode;
 pub(crate) mod store;
+pub(crate) mod tls;

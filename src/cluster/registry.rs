@@ -272,6 +272,45 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
         self
     }
 
+    /// The TLS configuration for every connection to the server, instead of the one the URL's
+    /// `sslmode` asks for: for custom roots, client certificates or another crypto provider.
+    /// The URL's `sslmode` still says whether TLS is used (`disable`: never; `prefer`: if
+    /// the server offers it; `require` and stricter: always), and `sslrootcert` is ignored:
+    /// what is checked is whatever `config`'s verifier checks.
+    ///
+    /// This names [`rustls::ClientConfig`] in the crate's API: it is `rustls` 0.23's, and a
+    /// `rustls` release that breaks its API will be a breaking release of this crate too.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    ///
+    /// let mut roots = rustls::RootCertStore::empty();
+    /// for certificate in rustls_native_certs::load_native_certs().certs {
+    ///     roots.add(certificate)?;
+    /// }
+    /// let provider = Arc::new(rustls::crypto::ring::default_provider());
+    /// let tls = rustls::ClientConfig::builder_with_provider(provider)
+    ///     .with_safe_default_protocol_versions()?
+    ///     .with_root_certificates(roots)
+    ///     .with_no_client_auth();
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder(
+    ///     "postgres://postgres@db.example.com/test?sslmode=verify-full",
+    /// )
+    /// .tls_config(tls)
+    /// .connect()
+    /// .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn tls_config(mut self, config: rustls::ClientConfig) -> Self {
+        self.config.tls_config = Some(std::sync::Arc::new(config));
+        self
+    }
+
     /// How many times a lease passes from one local holder to the next before it goes back.
     /// Default 15. 0 sends every lock to the database.
     pub fn max_local_handoffs(mut self, handoffs: u32) -> Self {
@@ -308,8 +347,10 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
     /// # Errors
     ///
     /// A [`ClusterError`] naming the cause: a bad setting (found before connecting), an
-    /// unreachable or silent server (within the connect timeout), a missing permission on the
-    /// table, or any other refusal by the server.
+    /// unreachable or silent server (within the connect timeout), TLS that fails as the URL's
+    /// `sslmode` asks (a server that offers none, a certificate that does not verify, a root
+    /// file that cannot be read; never retried, never a silent fall back to plain text), a
+    /// missing permission on the table, or any other refusal by the server.
     ///
     /// # Examples
     ///

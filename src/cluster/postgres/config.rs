@@ -3,11 +3,14 @@
 //! outlast a missed heartbeat.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
+
+use rustls::ClientConfig;
 
 use crate::cluster::error::ClusterError;
 use crate::cluster::limits::{MAX_LEASE, MIN_HEARTBEAT};
-use crate::cluster::postgres::connection::Server;
+use crate::cluster::postgres::connection::{Server, server_name};
 
 /// The table prefix when none is given: the table is `keyed_locks_leases`.
 pub(crate) const DEFAULT_TABLE_PREFIX: &str = "keyed_locks_";
@@ -23,7 +26,7 @@ const TABLE_SUFFIX: &str = "leases";
 #[derive(Clone)]
 pub(crate) struct PgLeaseConfig {
     /// The server, as a `postgres://` URL or `key=value` pairs (tokio-postgres' `Config`
-    /// syntax). Without TLS: a URL that requires it fails to connect.
+    /// syntax), with libpq's `sslmode` and `sslrootcert` understood (see `sslmode`).
     pub url: String,
     /// The lease table is `{table_prefix}leases`, beside `{table_prefix}fences` and
     /// `{table_prefix}run`, in the first schema of the role's `search_path`: ASCII letters,
@@ -36,6 +39,8 @@ pub(crate) struct PgLeaseConfig {
     pub heartbeat: Duration,
     /// The longest wait for the server when connecting or reconnecting.
     pub connect_timeout: Duration,
+    /// The application's own TLS configuration, used instead of the one `sslmode` asks for.
+    pub tls_config: Option<Arc<ClientConfig>>,
 }
 
 impl PgLeaseConfig {
@@ -48,6 +53,7 @@ impl PgLeaseConfig {
             lease: Duration::from_secs(30),
             heartbeat: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
+            tls_config: None,
         }
     }
 
@@ -55,7 +61,7 @@ impl PgLeaseConfig {
     pub(crate) fn check(&self) -> Result<Checked, ClusterError> {
         let table = LeaseTable::new(&self.table_prefix)?;
         check_timing(self.lease, self.heartbeat)?;
-        let server = Server::parse(&self.url, self.connect_timeout)?;
+        let server = Server::parse(&self.url, self.connect_timeout, self.tls_config.as_ref())?;
         Ok(Checked {
             server,
             table,
@@ -68,16 +74,14 @@ impl PgLeaseConfig {
 impl fmt::Debug for PgLeaseConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The URL can hold a password: only the parsed form, which hides it, is shown.
-        let server = Server::parse(&self.url, self.connect_timeout);
+        let server = server_name(&self.url);
         f.debug_struct("PgLeaseConfig")
-            .field(
-                "server",
-                &server.as_ref().map(Server::name).unwrap_or("<invalid url>"),
-            )
+            .field("server", &server.as_deref().unwrap_or("<invalid url>"))
             .field("table_prefix", &self.table_prefix)
             .field("lease", &self.lease)
             .field("heartbeat", &self.heartbeat)
             .field("connect_timeout", &self.connect_timeout)
+            .field("tls_config", &self.tls_config.is_some())
             .finish()
     }
 }

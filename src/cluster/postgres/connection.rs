@@ -1,18 +1,27 @@
-//! Opening a connection to the lease table's server: bounded in time, with TCP keepalive, and
-//! each failure named.
+//! Opening a connection to the lease table's server: bounded in time, with TCP keepalive, TLS
+//! as the URL's `sslmode` asks, and each failure named.
 
 use std::error::Error as _;
+use std::fmt;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::ClientConfig;
 use tokio_postgres::config::Host;
-use tokio_postgres::tls::NoTlsStream;
-use tokio_postgres::{Client, Config, Connection, NoTls, Socket};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{Client, Config, Connection, Socket};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::cluster::error::ClusterError;
+use crate::cluster::postgres::sslmode::{self, SslMode, TlsParameters};
+use crate::cluster::postgres::tls;
 
-/// A connection's I/O half, which must be polled for its client to get answers.
-pub(crate) type PgConnection = Connection<Socket, NoTlsStream>;
+/// A connection's I/O half, which must be polled for its client to get answers. The stream is
+/// TLS or plain text as the server and the mode agreed (tokio-postgres wraps either).
+pub(crate) type PgConnection =
+    Connection<Socket, <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream>;
 
 /// Idle time before the first keepalive probe. With [`KEEPALIVE_INTERVAL`] and
 /// [`KEEPALIVE_RETRIES`], a connection whose peer vanished without a word (a cable pulled, a NAT
@@ -24,34 +33,70 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// Unanswered probes before the connection is dropped.
 const KEEPALIVE_RETRIES: u32 = 3;
 
-/// A PostgreSQL server to connect to, parsed once.
-#[derive(Debug, Clone)]
+/// A PostgreSQL server to connect to, parsed once, with the TLS configuration every connection
+/// to it uses (the first and each reconnection alike).
+#[derive(Clone)]
 pub(crate) struct Server {
-    /// With the connect timeout and keepalive set. Its `Debug` hides the password.
+    /// With the connect timeout, keepalive and the wire's `sslmode` set.
     config: Config,
     connect_timeout: Duration,
     /// Hosts and ports, for error messages (never the password).
     name: String,
+    mode: SslMode,
+    tls: MakeRustlsConnect,
+}
+
+impl fmt::Debug for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not the `Config`: the name says where, and nothing can show the password.
+        f.debug_struct("Server")
+            .field("name", &self.name)
+            .field("sslmode", &self.mode.as_str())
+            .field("connect_timeout", &self.connect_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Server {
-    /// Parses a `postgres://` URL or `key=value` pairs.
-    pub(crate) fn parse(url: &str, connect_timeout: Duration) -> Result<Server, ClusterError> {
-        let mut config: Config = url.parse().map_err(|error| ClusterError::BadUrl {
-            source: Box::new(error),
-        })?;
+    /// Parses a `postgres://` URL or `key=value` pairs, and builds its TLS configuration:
+    /// `tls_config` if the application gave one, else the one `sslmode` asks for, whose roots
+    /// (for `verify-ca` and `verify-full`) are read here.
+    pub(crate) fn parse(
+        url: &str,
+        connect_timeout: Duration,
+        tls_config: Option<&Arc<ClientConfig>>,
+    ) -> Result<Server, ClusterError> {
+        let (config, parameters) = parse_url(url)?;
+        let tls = tls::connector(&parameters, tls_config)?;
+        Ok(Server::configured(
+            config,
+            connect_timeout,
+            parameters.mode,
+            tls,
+        ))
+    }
+
+    fn configured(
+        mut config: Config,
+        connect_timeout: Duration,
+        mode: SslMode,
+        tls: MakeRustlsConnect,
+    ) -> Server {
         config
+            .ssl_mode(mode.wire())
             .connect_timeout(connect_timeout)
             .keepalives(true)
             .keepalives_idle(KEEPALIVE_IDLE)
             .keepalives_interval(KEEPALIVE_INTERVAL)
             .keepalives_retries(KEEPALIVE_RETRIES);
         let name = describe(&config);
-        Ok(Server {
+        Server {
             config,
             connect_timeout,
             name,
-        })
+            mode,
+            tls,
+        }
     }
 
     /// Hosts and ports, as `host:port`, comma-separated.
@@ -76,7 +121,8 @@ impl Server {
     ) -> Result<(Client, PgConnection), ClusterError> {
         let mut config = self.config.clone();
         config.application_name(application_name);
-        match tokio::time::timeout(self.connect_timeout, config.connect(NoTls)).await {
+        let connecting = config.connect(self.tls.clone());
+        match tokio::time::timeout(self.connect_timeout, connecting).await {
             Ok(Ok(connected)) => Ok(connected),
             Ok(Err(error)) => Err(self.failure(error)),
             Err(_elapsed) => Err(self.timed_out()),
@@ -92,6 +138,19 @@ impl Server {
     }
 
     fn failure(&self, error: tokio_postgres::Error) -> ClusterError {
+        // Before the socket errors: a certificate that does not verify comes as an I/O error,
+        // and would otherwise pass for an unreachable server, to be retried in vain.
+        if let Some(tls_failure) = tls::handshake_failure(&error, &self.name, self.mode) {
+            return tls_failure;
+        }
+        if self.mode == SslMode::Disable
+            && error.code() == Some(&SqlState::INVALID_AUTHORIZATION_SPECIFICATION)
+        {
+            return ClusterError::PlainTextRefused {
+                server: self.name.clone(),
+                source: Box::new(error),
+            };
+        }
         let socket_error = error
             .source()
             .and_then(|source| source.downcast_ref::<io::Error>());
@@ -111,6 +170,22 @@ impl Server {
             },
         }
     }
+}
+
+/// The URL without its TLS parameters, parsed by tokio-postgres, and those parameters.
+fn parse_url(url: &str) -> Result<(Config, TlsParameters), ClusterError> {
+    let (rest, parameters) = sslmode::split(url).map_err(|error| ClusterError::BadUrl {
+        source: Box::new(error),
+    })?;
+    let config: Config = rest.parse().map_err(|error| ClusterError::BadUrl {
+        source: Box::new(error),
+    })?;
+    Ok((config, parameters))
+}
+
+/// The hosts and ports of `url`, as errors name them, without reading anything (for `Debug`).
+pub(crate) fn server_name(url: &str) -> Result<String, ClusterError> {
+    parse_url(url).map(|(config, _)| describe(&config))
 }
 
 /// `host:port` for each host, as libpq pairs them: one port for all hosts, or one each.
@@ -141,7 +216,7 @@ mod tests {
     use super::*;
 
     fn name_of(url: &str) -> Option<String> {
-        Server::parse(url, Duration::from_secs(1))
+        Server::parse(url, Duration::from_secs(1), None)
             .ok()
             .map(|server| server.name().to_owned())
     }
@@ -150,13 +225,17 @@ mod tests {
     fn the_name_shows_hosts_and_ports_but_never_the_password() {
         let name = name_of("postgres://me:secret@db1:5433,db2/test");
         assert_eq!(name.as_deref(), Some("db1:5433,db2:5432"));
-        let config = Server::parse("postgres://me:secret@db1/test", Duration::from_secs(1));
+        let config = Server::parse(
+            "postgres://me:secret@db1/test",
+            Duration::from_secs(1),
+            None,
+        );
         assert!(!format!("{config:?}").contains("secret"));
     }
 
     #[test]
     fn a_url_that_does_not_parse_is_a_bad_url() {
-        let parsed = Server::parse("postgres://[::1", Duration::from_secs(1));
+        let parsed = Server::parse("postgres://[::1", Duration::from_secs(1), None);
         assert!(matches!(parsed, Err(ClusterError::BadUrl { .. })));
     }
 }
