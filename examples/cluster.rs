@@ -31,14 +31,22 @@
 //! `postgres://postgres@127.0.0.1:5432/test`. The tables are `{prefix}leases` (the registry's)
 //! and `{prefix}counters` (the demo's), both created if missing; `--prefix` defaults to
 //! `keyed_locks_demo_`. `--lease-ms` (default 2000) is the lease time.
+//!
+//! TLS: the URL's `sslmode` works as in libpq for both connections; the demo's own connection
+//! takes `disable`, `prefer` and `require` (encrypted, certificate not checked), the registry's
+//! also `verify-ca` and `verify-full`.
 
 use std::io::Write as _;
 use std::time::Duration;
 
 use clap::Parser;
 use keyed_locks::ClusterRegistry;
-use tokio_postgres::NoTls;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
 use tokio_postgres::error::SqlState;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -155,9 +163,58 @@ impl Counters {
 }
 
 async fn open(database_url: &str) -> Result<tokio_postgres::Client, Error> {
-    let (client, connection) = tokio_postgres::connect(database_url, NoTls).await?;
+    // tokio-postgres reads `sslmode` (TLS or not); the configuration says what is checked.
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(AnyCertificate(provider)))
+        .with_no_client_auth();
+    let connecting = tokio_postgres::connect(database_url, MakeRustlsConnect::new(tls));
+    let (client, connection) = connecting.await?;
     tokio::spawn(connection);
     Ok(client)
+}
+
+/// libpq's `sslmode=require`: encrypted, any certificate, the handshake's signatures checked.
+#[derive(Debug)]
+struct AnyCertificate(std::sync::Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.0.signature_verification_algorithms;
+        verify_tls12_signature(message, cert, signature, algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.0.signature_verification_algorithms;
+        verify_tls13_signature(message, cert, signature, algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 /// Prints one line and flushes it, so that a reader of a pipe sees each event as it happens.

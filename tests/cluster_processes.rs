@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, timeout};
 
 use crate::cluster_registry::{database_url, fresh_prefix};
+use crate::cluster_tls::with_parameters;
 use crate::example_binary::example_binary;
 
 /// One running `cluster` process and the lines it printed, each with when it was read.
@@ -188,8 +189,20 @@ async fn start_successor(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_per_key_lose_no_update_and_tokens_increase_in_write_order() {
-    let url = database_url();
-    let prefix = fresh_prefix("kl_test_procs_").await;
+    three_processes_per_key(&database_url(), "kl_test_procs_").await;
+}
+
+/// The same over TLS: the demo, its command line and its lines unchanged, with
+/// `?sslmode=require` in its URL (the registry's connections and its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_with_sslmode_require_three_processes_per_key_lose_no_update() {
+    let url = with_parameters(&database_url(), "sslmode=require");
+    three_processes_per_key(&url, "kl_test_procs_tls_").await;
+}
+
+async fn three_processes_per_key(url: &str, prefix: &str) {
+    let url = url.to_owned();
+    let prefix = fresh_prefix(prefix).await;
     let increments = 25;
     let count = increments.to_string();
     let mut demos = Vec::new();

@@ -11,6 +11,8 @@ mod cancel_safety;
 mod cluster_processes;
 #[cfg(feature = "postgres")]
 mod cluster_registry;
+#[cfg(feature = "postgres")]
+mod cluster_tls;
 mod configurations;
 mod cooperative;
 mod every_exit_releases;
