@@ -4,9 +4,9 @@
 //!
 //! What libpq's modes check, and how:
 //! - `require` (and `prefer`, when the server offers TLS): encrypted, certificate not checked
-//!   ([`AnyCertificate`]): it stops a passive eavesdropper, not a server in the middle;
+//!   ([`HostNameUnchecked`] without roots): it stops a passive eavesdropper, not a server in the middle;
 //! - `verify-ca`: the chain must reach a trusted root, whatever host name it was issued for
-//!   ([`TrustedChain`]);
+//!   ([`HostNameUnchecked`] with the roots);
 //! - `verify-full`: rustls' own verifier, chain and host name.
 //!
 //! The crypto provider is `ring`, named here rather than taken from rustls' process-wide
@@ -57,13 +57,19 @@ pub(crate) fn connector(
         // file read.
         SslMode::Disable | SslMode::Prefer | SslMode::Require => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate { provider }))
+            .with_custom_certificate_verifier(Arc::new(HostNameUnchecked {
+                roots: None,
+                provider,
+            }))
             .with_no_client_auth(),
         SslMode::VerifyCa => {
             let roots = Arc::new(roots(&parameters.roots)?);
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(TrustedChain { roots, provider }))
+                .with_custom_certificate_verifier(Arc::new(HostNameUnchecked {
+                    roots: Some(roots),
+                    provider,
+                }))
                 .with_no_client_auth()
         }
         SslMode::VerifyFull => {
@@ -182,69 +188,18 @@ fn certificate_problem(problem: &CertificateError) -> String {
     }
 }
 
-/// libpq's `require`: any certificate, the handshake's signatures still checked (so the server
-/// holds the key of the certificate it shows, whatever that certificate is).
+/// The verifier of the two modes that never check the host name: libpq's `require` (`roots`
+/// `None`: any certificate) and `verify-ca` (`roots` given: the chain must reach one of them
+/// and be valid now, whatever host name it was issued for, so a server reached by an address
+/// its certificate does not name still passes). In both the handshake's signatures are checked,
+/// so the server holds the key of the certificate it shows.
 #[derive(Debug)]
-struct AnyCertificate {
+struct HostNameUnchecked {
+    roots: Option<Arc<RootCertStore>>,
     provider: Arc<CryptoProvider>,
 }
 
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        signature: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            signature,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        signature: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            signature,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// libpq's `verify-ca`: the chain must reach one of the roots and be valid now, for any host
-/// name (a server reached by an address its certificate does not name still passes).
-#[derive(Debug)]
-struct TrustedChain {
-    roots: Arc<RootCertStore>,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for TrustedChain {
+impl ServerCertVerifier for HostNameUnchecked {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -253,14 +208,16 @@ impl ServerCertVerifier for TrustedChain {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let certificate = ParsedCertificate::try_from(end_entity)?;
-        verify_server_cert_signed_by_trust_anchor(
-            &certificate,
-            &self.roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )?;
+        if let Some(roots) = &self.roots {
+            let certificate = ParsedCertificate::try_from(end_entity)?;
+            verify_server_cert_signed_by_trust_anchor(
+                &certificate,
+                roots,
+                intermediates,
+                now,
+                self.provider.signature_verification_algorithms.all,
+            )?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 
