@@ -226,7 +226,7 @@ fn say(line: std::fmt::Arguments<'_>) {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    // A usage error exits 2, clap's code, as before clap; `--help` exits 0.
+    // A usage error exits 2 (clap's code); `--help` exits 0.
     let options = Options::parse();
     let registry = ClusterRegistry::<String>::builder(&options.database_url)
         .table_prefix(&options.prefix)

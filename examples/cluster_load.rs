@@ -63,8 +63,8 @@ fn default_database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-/// Parses the command line. A usage error exits 1, as it did before clap (whose code is 2);
-/// `--help` exits 0.
+/// Parses the command line. A usage error exits 1, as every other error of this program does
+/// (clap's own code is 2); `--help` exits 0.
 fn options() -> Options {
     Options::try_parse().unwrap_or_else(|error| {
         let _ = error.print();

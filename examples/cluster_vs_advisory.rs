@@ -86,8 +86,8 @@ fn contender_and_index(value: &str) -> Result<(String, u64), String> {
     Ok((contender.to_owned(), index))
 }
 
-/// Parses the command line. A usage error exits 1, as it did before clap (whose code is 2);
-/// `--help` exits 0.
+/// Parses the command line. A usage error exits 1, as every other error of this program does
+/// (clap's own code is 2); `--help` exits 0.
 fn options() -> Options {
     let mut options = Options::try_parse().unwrap_or_else(|error| {
         let _ = error.print();

@@ -43,7 +43,8 @@ async fn process(registry: LockRegistry<u64>, user_id: u64) -> Result<(), LockEr
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // A usage error exits 1, as it did before clap (whose code is 2); `--help` exits 0.
+    // A usage error exits 1, as every other error of this program does (clap's own code is 2);
+    // `--help` exits 0.
     let trace_path = Cli::try_parse()
         .unwrap_or_else(|error| {
             let _ = error.print();

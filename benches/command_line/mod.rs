@@ -40,7 +40,8 @@ impl Runner {
 }
 
 /// Parses the command line. A usage error prints clap's message and exits with code 1, as
-/// these programs' own parsers did (clap's is 2); `--help` prints the help and exits 0.
+/// every other error of these programs does (clap's own code is 2); `--help` prints the help
+/// and exits 0.
 pub fn parse<Cli: Parser>() -> Cli {
     // Named after the target: the binary cargo builds is `NAME-HASH`.
     let matches = Cli::command().bin_name(PROGRAM).try_get_matches();

@@ -63,7 +63,7 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_max_level(tracing::Level::WARN)
         .init();
-    // A usage error exits 2, clap's code, as before clap; `--help` exits 0.
+    // A usage error exits 2 (clap's code); `--help` exits 0.
     let cli = Cli::parse();
     match serve(cli.addr, !cli.unsafe_no_lock).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -107,7 +107,7 @@ impl fmt::Display for Failure {
 impl std::error::Error for Failure {}
 
 fn main() -> ExitCode {
-    // A usage error exits 2, clap's code, as before clap; `--help` exits 0.
+    // A usage error exits 2 (clap's code); `--help` exits 0.
     let options = Options::parse();
     match run(&options) {
         Ok(()) => ExitCode::SUCCESS,
