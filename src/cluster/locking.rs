@@ -1,10 +1,12 @@
 //! The lock path over any lease store: how a process takes, keeps, shares among its tasks and
-//! gives back the lease of a key, knowing the store only through [`LeaseStore`]. No SQL here.
+//! gives back the lease of a key, knowing the store only through
+//! [`LeaseStore`](lease_store::LeaseStore). No SQL here.
 //!
-//! - `lease_store`: the interface every store implements ([`LeaseStore`], [`Fence`],
-//!   [`LeaseNotice`]) and the key-length rule. A new kind of lease (shared, permits, several
-//!   keys) is a new call here first, then a statement in `postgres` and a rule in the store
-//!   contract and the simulator (`testing`).
+//! - `lease_store`: the interface every store implements
+//!   ([`LeaseStore`](lease_store::LeaseStore), [`Fence`](lease_store::Fence),
+//!   [`LeaseNotice`](lease_store::LeaseNotice)) and the key-length rule. A new kind of lease
+//!   (shared, permits, several keys) is a new call here first, then a statement in `postgres`
+//!   and a rule in the store contract and the simulator (`testing`).
 //! - `locks`: [`ClusterLocks`](locks::ClusterLocks), a lock call step by step: interest, the
 //!   local registry, the lease, the guard.
 //! - `leases`: the process's leases and who in the process wants them (lock cohorting, the
@@ -20,6 +22,3 @@ pub(crate) mod lease_store;
 pub(crate) mod leases;
 pub(crate) mod locks;
 pub(crate) mod notices;
-
-#[cfg(doc)]
-use lease_store::{Fence, LeaseNotice, LeaseStore};

@@ -28,7 +28,7 @@
 //!
 //! # Invariants
 //!
-//! Numbered so that call sites and [`check_invariants`](LockTable::check_invariants) can cite
+//! Numbered so that call sites and `check_invariants` can cite
 //! them; `check_invariants` checks every one.
 //!
 //! 1. **No orphan entry, no orphan record.** An entry exists for key `k` exactly when at least

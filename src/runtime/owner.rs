@@ -1,6 +1,6 @@
 //! [`Owner`], a registry shard's state, and [`Owner::step`], the one step that changes it.
 //!
-//! Whoever holds the shard's lock ([`crate::shard`]) runs the step: a caller of the handle
+//! Whoever holds the shard's lock ([`crate::runtime::shard`]) runs the step: a caller of the handle
 //! (the default mode), a guard's drop, or the actor task (actor mode, and kameo's messages).
 //! It is the same function on every path, so every path keeps the same rules and is recorded
 //! in the journal the same way. The step never awaits and never wakes a task or answers a
@@ -36,7 +36,7 @@ pub(crate) const OWNER_TARGET: &str = "keyed_locks::owner";
 pub(crate) struct Owner<K: LockKey> {
     /// The lock table, recording into a journal if the builder asked for one.
     table: JournaledTable<K, Delivery<K>>,
-    /// The grants that waiting futures wait for ([`crate::pending`]).
+    /// The grants that waiting futures wait for ([`crate::runtime::pending`]).
     pending: PendingGrants,
     /// Where journal times count from.
     started: tokio::time::Instant,
@@ -224,7 +224,7 @@ impl<K: LockKey> Owner<K> {
         self.router.shard_of(key) == self.shard
     }
 
-    /// The fencing token a guard shows for this shard's table token (see [`crate::shard`]).
+    /// The fencing token a guard shows for this shard's table token (see [`crate::runtime::shard`]).
     #[inline]
     fn registry_token(&self, table_token: u64) -> u64 {
         self.router.registry_token(self.shard, table_token)

@@ -17,7 +17,7 @@
 //!   tokio's docs recommend a blocking mutex over an async one.
 //! - **Actor mode** ([`Execution::ActorTask`]): a call takes the mutex to queue its request
 //!   and wake the actor, which takes it to serve the queue, oldest first.
-//! - **Pending grants** ([`crate::pending`]): a queued waiter's grant is written to its slot
+//! - **Pending grants** ([`crate::runtime::pending`]): a queued waiter's grant is written to its slot
 //!   under the mutex and its waker woken after the mutex is let go; the waiting future takes
 //!   the mutex to read it, or to withdraw when dropped.
 //! - **Close**: sets `closed` under the mutex, answers every waiter, and empties the table.

@@ -8,7 +8,7 @@
 //! Dice, Marathe and Shavit ("Lock Cohorting: A General Technique for Designing NUMA Locks",
 //! PPoPP 2012), with the process as the cohort and the lease as the global lock.
 //!
-//! Every statement runs in a task of its own ([`Leases::acquire`], [`Leases::release_lease`]),
+//! Every statement runs in a task of its own ([`Leases::acquire`], [`Leases::spawn_release`]),
 //! so that a `lock` future dropped mid-statement never leaves its outcome unrecorded: a lease
 //! taken for a caller that has gone is recorded all the same, and released if nobody in the
 //! process wants the key any more.

@@ -9,7 +9,7 @@
 //!
 //! # Invariants
 //!
-//! Checked by [`Records::check`]:
+//! Checked by `Records::check`:
 //! - The window starts at a live record, or is empty: `window[0]` is never a gap.
 //! - The next id issued is `base + window.len()`: every arrival number below `base` is either
 //!   gone or in `older`, and every one from `base` on is a window slot.
