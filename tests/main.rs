@@ -13,6 +13,8 @@ mod cluster_processes;
 mod cluster_registry;
 #[cfg(feature = "postgres")]
 mod cluster_tls;
+#[cfg(feature = "postgres")]
+mod cluster_try_lock;
 mod configurations;
 mod cooperative;
 mod every_exit_releases;

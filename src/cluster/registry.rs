@@ -11,7 +11,7 @@ use crate::cluster::locking::leases::{self, CohortBounds, HANDOFF_BITS, Leases};
 use crate::cluster::locking::locks::ClusterLocks;
 use crate::cluster::postgres::config::PgLeaseConfig;
 use crate::cluster::postgres::store::PgLeaseStore;
-use crate::error::LockError;
+use crate::error::{LockError, TryLockError};
 use crate::key::LockKey;
 use crate::pure::stats::RegistryStats;
 use crate::registry::LockRegistry;
@@ -128,6 +128,54 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
     /// ```
     pub async fn lock(&self, key: K) -> Result<ClusterGuard<K>, LockError> {
         self.locks.lock(key).await
+    }
+
+    /// Takes `key` if it is free right now across the cluster, without waiting: in this
+    /// process (no local holder or waiter, as [`LockRegistry::try_lock`]) and in every other
+    /// (no live lease of another process, and no other process waiting for it).
+    ///
+    /// A key that another process waits for is not free, even in the moment after its holder
+    /// released it: the waiter was refused before, and it comes first (it asks again within
+    /// its poll interval; a waiting mark older than one lease after the key's last release is
+    /// taken for a waiter that went away). A refused try leaves nothing behind in the table.
+    /// At most one statement: none if this process holds the key's lease already (a local
+    /// hand-off, under the same bound as `lock`'s), else one round trip. If that statement
+    /// fails (the server is unreachable), the key cannot be known to be free, and the answer
+    /// is [`TryLockError::WouldBlock`]: a try never waits for the server to come back.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe. Dropping the future gives up the local key at once; a lease being taken
+    /// for it at that moment is recorded all the same (the statement runs in a task of its
+    /// own), then passed to the next local waiter or released.
+    ///
+    /// # Errors
+    ///
+    /// [`TryLockError::WouldBlock`] if the key is held or waited for, here or in another
+    /// process, or the server could not be asked; [`TryLockError::Closed`] after
+    /// [`shutdown`](Self::shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use keyed_locks::TryLockError;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .connect()
+    ///     .await?;
+    /// // Every replica tries the job's key at the same tick: one runs the job, the others skip.
+    /// match registry.try_lock("job:nightly-report".to_string()).await {
+    ///     Ok(guard) => println!("running the job under token {}", guard.fencing_token()),
+    ///     Err(TryLockError::WouldBlock) => println!("another replica runs it"),
+    ///     Err(closed) => return Err(closed.into()),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn try_lock(&self, key: K) -> Result<ClusterGuard<K>, TryLockError> {
+        self.locks.try_lock(key).await
     }
 
     /// The local registry's counts: keys with a local holder or waiter.

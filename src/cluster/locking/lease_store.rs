@@ -51,6 +51,18 @@ pub(crate) trait LeaseStore: Send + Sync + 'static {
     /// then its release will be announced).
     fn acquire(&self, key: &str) -> impl Future<Output = Result<Option<Fence>, LeaseError>> + Send;
 
+    /// Takes the lease of `key` as [`acquire`](LeaseStore::acquire) does, unless another
+    /// process waits for it: refused (`None`) if the key is held by another owner, or if an
+    /// acquisition was refused the key (it is wanted) and its last lease ended less than one
+    /// lease length ago, or has not ended. A waiter that was refused asks again within its
+    /// poll interval, shorter than a lease, so a waiter that is alive finds the key before a
+    /// try can take it; a mark older than that is a waiter that went away. A refusal changes
+    /// nothing: a try does not wait, so its release need not be announced.
+    fn try_acquire(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Fence>, LeaseError>> + Send;
+
     /// Extends our live lease by the store's lease length from now; `false` when it is no
     /// longer ours or has already run out (the lease is lost: stop using the resource).
     fn renew(

@@ -270,11 +270,24 @@ impl<S: LeaseStore> Leases<S> {
 
     /// One acquisition attempt for the local holder of `name`, run in a task of its own so
     /// that its outcome is recorded even if the caller goes away: `Ok(Some(lease))` if taken,
-    /// `Ok(None)` if another process holds it.
+    /// `Ok(None)` if another process holds it (the store then announces its release).
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         name: &str,
     ) -> Result<Option<Lease>, AcquireFailed> {
+        self.ask(name, Ask::Acquire).await
+    }
+
+    /// As [`acquire`](Self::acquire), with the store's `try_acquire`: `Ok(None)` also when
+    /// another process waits for the key, and nothing is announced.
+    pub(crate) async fn try_acquire(
+        self: &Arc<Self>,
+        name: &str,
+    ) -> Result<Option<Lease>, AcquireFailed> {
+        self.ask(name, Ask::Try).await
+    }
+
+    async fn ask(self: &Arc<Self>, name: &str, ask: Ask) -> Result<Option<Lease>, AcquireFailed> {
         let leases = Arc::clone(self);
         let owned_name = name.to_owned();
         self.record(name, LeaseEvent::Requested);
@@ -288,7 +301,10 @@ impl<S: LeaseStore> Leases<S> {
         }
         let attempt = tokio::spawn(async move {
             let started = Instant::now();
-            let taken = leases.store.acquire(&owned_name).await;
+            let taken = match ask {
+                Ask::Acquire => leases.store.acquire(&owned_name).await,
+                Ask::Try => leases.store.try_acquire(&owned_name).await,
+            };
             leases.record_answer(&owned_name, taken.as_ref().ok().copied().flatten(), started);
             match taken {
                 Ok(taken) => Ok(taken),
@@ -625,6 +641,15 @@ impl Drop for Interest {
     fn drop(&mut self) {
         Arc::clone(&self.leases).withdraw(&self.name);
     }
+}
+
+/// Which statement an acquisition attempt sends.
+#[derive(Debug, Clone, Copy)]
+enum Ask {
+    /// `acquire`: refused only while another process holds the key, and then it is wanted.
+    Acquire,
+    /// `try_acquire`: refused too while another process waits, and it changes nothing then.
+    Try,
 }
 
 /// An acquisition statement failed (the database is unreachable, say); the caller retries.

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use crate::cluster::locking::guard::ClusterGuard;
 use crate::cluster::locking::lease_store::LeaseStore;
 use crate::cluster::locking::leases::{Interest, Lease, Leases, Next};
-use crate::error::LockError;
+use crate::error::{LockError, TryLockError};
 use crate::key::LockKey;
 use crate::registry::LockRegistry;
 
@@ -53,6 +53,39 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
         let interest = self.leases.register(&key.to_string());
         let local = self.local.lock(key).await?;
         let lease = self.lease_for(&interest).await?;
+        Ok(ClusterGuard::new(local, lease, interest))
+    }
+
+    /// As [`ClusterRegistry::try_lock`](crate::ClusterRegistry::try_lock), which documents it.
+    pub(crate) async fn try_lock(&self, key: K) -> Result<ClusterGuard<K>, TryLockError> {
+        let interest = self.leases.register(&key.to_string());
+        // Held or waited for in this process: the local registry says so without a statement.
+        let local = self.local.try_lock(key).await?;
+        let lease = match self.leases.next_for_holder(interest.name()) {
+            Next::Use(lease) => lease,
+            // Given back at the hand-off bound just now, so that other processes get a turn:
+            // they come first.
+            Next::Acquire {
+                after_release: Some(_),
+            } => return Err(TryLockError::WouldBlock),
+            Next::Acquire {
+                after_release: None,
+            } => match self.leases.try_acquire(interest.name()).await {
+                Ok(Some(lease)) => lease,
+                // Held or waited for by another process.
+                Ok(None) => return Err(TryLockError::WouldBlock),
+                // Whether it is free cannot be known now; a try does not wait to find out.
+                Err(failed) => {
+                    tracing::warn!(
+                        target: "keyed_locks::cluster",
+                        key = %interest.name(),
+                        error = %failed.0,
+                        "could not ask for a lease; the try is refused"
+                    );
+                    return Err(TryLockError::WouldBlock);
+                }
+            },
+        };
         Ok(ClusterGuard::new(local, lease, interest))
     }
 

@@ -22,6 +22,10 @@
 //!    commits, if an acquisition was refused the key since it was taken (`wanted`). A waiter
 //!    is refused before it waits, so it hears the release; a key nobody waited for costs no
 //!    notice.
+//! 5. A try (`try_acquire`) takes a row only on an acquisition's terms and if no waiter can
+//!    still be on its way: not `wanted`, or its last lease ended at least a lease length
+//!    ago (a waiter asks again within its poll interval, shorter than a lease). A refused
+//!    try changes nothing, so it neither marks the row nor is announced a release.
 //!
 //! Because of invariant 2 the table keeps one row per key ever acquired.
 //!
@@ -220,6 +224,27 @@ impl StoreCore {
         }
     }
 
+    /// Runs a statement that acquires: fences start at the floor in `run`. With no floor, `run`
+    /// lost its row in a crash that this connection did not see (a pooler in between kept it
+    /// open), and the fence column refuses the NULL: check `run`, as a new connection does,
+    /// and run the statement once more.
+    async fn query_above_floor(
+        &self,
+        statement: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, LeaseError> {
+        match self.link.query(statement, params).await {
+            Err(LeaseError::Statement(error))
+                if error.code() == Some(&SqlState::NOT_NULL_VIOLATION) =>
+            {
+                tracing::info!(%error, "lease store: no fence floor; checking for a crash");
+                self.link.run_on_connect().await?;
+                self.link.query(statement, params).await
+            }
+            answer => answer,
+        }
+    }
+
     /// Applies every change of `batch` in one statement: acquires each key to acquire that is
     /// free, expired or ours (marking the others wanted), renews each lease to renew that is
     /// still ours and live, and releases each lease to release that is still ours.
@@ -237,24 +262,9 @@ impl StoreCore {
             values.fences.push(fence);
             values.renewing.push(renewing);
         }
-        let apply = || async {
-            self.link
-                .query(&self.statements.apply, &values.apply())
-                .await
-        };
-        let rows = match apply().await {
-            // No floor: `run` lost its row in a crash that this connection did not see (a
-            // pooler in between kept it open). Check `run`, as a new connection does, and try
-            // once more.
-            Err(LeaseError::Statement(error))
-                if error.code() == Some(&SqlState::NOT_NULL_VIOLATION) =>
-            {
-                tracing::info!(%error, "lease store: no fence floor; checking for a crash");
-                self.link.run_on_connect().await?;
-                apply().await?
-            }
-            answer => answer?,
-        };
+        let rows = self
+            .query_above_floor(&self.statements.apply, &values.apply())
+            .await?;
         // A row comes back for each key taken, wanted, renewed or released; none for a renewal
         // or release that was not ours, or an acquisition in the quiet time after a crash. An
         // acquisition was made if it took the row; a renewal or release, if it has a row.
@@ -286,6 +296,19 @@ impl LeaseStore for PgLeaseStore {
             key: key.to_owned(),
         })
         .await
+    }
+
+    async fn try_acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
+        check_key(key)?;
+        // Its own statement, not in a batch: it must not wait for the statement under way,
+        // and its refusal must leave the row as it was, which the batch's acquisition (a
+        // refusal marks the row wanted) does not.
+        let core = &self.core;
+        let values = core.values();
+        let rows = core
+            .query_above_floor(&core.statements.try_acquire, &values.try_acquire(&key))
+            .await?;
+        rows.first().map(fence_of).transpose()
     }
 
     async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
@@ -340,6 +363,10 @@ struct Statements {
     /// under its fence, announcing it if wanted (invariants 3, 4). Returns `(key, fence,
     /// taken)` for each row it changed.
     apply: String,
+    /// `$1` one key, `$3` lease in milliseconds. Takes the row if free, expired or ours, and
+    /// not wanted by an acquisition refused less than a lease before its last lease ended
+    /// (invariant 5); otherwise changes nothing. Returns `fence` if it took the row.
+    try_acquire: String,
     /// `$1` owner, `$2` channel. Returns a row per lease released (invariant 4).
     release_all: String,
     /// `$1` this store's lease in milliseconds. Makes the row of `{prefix}fences` if missing,
@@ -381,6 +408,14 @@ impl Values<'_> {
             (&self.channel, Type::TEXT),
             (&self.fences, Type::INT8_ARRAY),
             (&self.renewing, Type::BOOL_ARRAY),
+        ]
+    }
+
+    fn try_acquire<'v>(&'v self, key: &'v &'v str) -> Params<'v, 3> {
+        [
+            (key, Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (&self.lease_millis, Type::INT8),
         ]
     }
 
@@ -478,6 +513,27 @@ impl Statements {
                              THEN pg_notify($4, key)::text END AS announced, \
                         {async_commit} \
                  FROM changed"
+            ),
+            // The same terms as an acquisition in `apply`, on the row locked for the update
+            // (not a snapshot read before it), so that a refusal is decided and leaves no mark
+            // in one step. Taking the row clears a `wanted` past its time.
+            try_acquire: format!(
+                "WITH taken AS ( \
+                   INSERT INTO {table} AS held (key, owner, fence, expires_at, wanted) \
+                   SELECT $1, $2, (SELECT floor FROM {run}), \
+                          clock_timestamp() + $3 * interval '1 millisecond', false \
+                   WHERE coalesce((SELECT quiet_until FROM {run}) <= clock_timestamp(), true) \
+                   ON CONFLICT (key) DO UPDATE \
+                   SET owner = excluded.owner, \
+                       fence = GREATEST(held.fence + 1, excluded.fence), \
+                       expires_at = excluded.expires_at, \
+                       wanted = false \
+                   WHERE (held.owner IS NULL OR held.owner = excluded.owner \
+                          OR held.expires_at <= statement_timestamp()) \
+                     AND NOT (held.wanted AND held.expires_at + $3 * interval '1 millisecond' \
+                                              > statement_timestamp()) \
+                   RETURNING fence) \
+                 SELECT fence, {async_commit} FROM taken"
             ),
             release_all: format!(
                 "WITH released AS ( \

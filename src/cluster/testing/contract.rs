@@ -61,6 +61,8 @@ macro_rules! contract_tests {
             a_lease_that_ran_out_untaken_is_still_released_by_its_holder,
             release_all_releases_our_leases_and_no_one_elses,
             a_release_is_announced_to_every_store,
+            a_try_takes_a_free_key_and_a_refused_try_changes_nothing,
+            a_try_leaves_a_released_key_to_its_waiter_for_a_lease,
         );
     };
     (@each #[$test:meta] $backend:ty; $($rule:ident),* $(,)?) => {
@@ -106,6 +108,16 @@ async fn two<B: Backend>(
     match (stores.next(), stores.next()) {
         (Some(holder), Some(other)) => (backend, holder, other),
         _ => panic!("the backend made fewer than two stores"),
+    }
+}
+
+/// Three stores on one table, each its own owner, with the given leases.
+async fn three<B: Backend>(test: &str, leases: [Duration; 3]) -> (B, [B::Store; 3]) {
+    let (backend, stores) = B::stores(test, &leases).await;
+    let stores: Vec<B::Store> = stores.into_iter().map(|(store, _notices)| store).collect();
+    match <[B::Store; 3]>::try_from(stores) {
+        Ok(stores) => (backend, stores),
+        Err(_) => panic!("the backend made other than three stores"),
     }
 }
 
@@ -274,4 +286,45 @@ pub(crate) async fn a_release_is_announced_to_every_store<B: Backend>() {
     assert_eq!(holder.release("k", fence).await.ok(), Some(true));
     assert_eq!(next_notice(&mut waiter_notices).await, released("k"));
     assert_eq!(next_notice(&mut holder_notices).await, released("k"));
+}
+
+// Try (invariant 5 of the stores).
+
+pub(crate) async fn a_try_takes_a_free_key_and_a_refused_try_changes_nothing<B: Backend>() {
+    let (backend, [holder, tryer, third]) =
+        three::<B>("try_free", [LONG_LEASE, LONG_LEASE, LONG_LEASE]).await;
+    assert_eq!(holder.try_acquire("k").await.ok(), Some(Some(1)));
+    assert_eq!(tryer.try_acquire("k").await.ok(), Some(None));
+    assert_eq!(backend.row("k").await, Some((Some(B::owner(&holder)), 1)));
+    // Ours counts as free, as for an acquisition: a new fence.
+    assert_eq!(holder.try_acquire("k").await.ok(), Some(Some(2)));
+    assert_eq!(holder.release("k", 2).await.ok(), Some(true));
+    // The refused try left no waiting mark: the released key is free for any try at once.
+    assert_eq!(third.try_acquire("k").await.ok(), Some(Some(3)));
+    assert_eq!(backend.row("k").await, Some((Some(B::owner(&third)), 3)));
+}
+
+pub(crate) async fn a_try_leaves_a_released_key_to_its_waiter_for_a_lease<B: Backend>() {
+    // The tryer's lease is short: a waiting mark counts for one of its leases after the release.
+    let (backend, [holder, waiter, tryer]) =
+        three::<B>("try_waiter", [LONG_LEASE, LONG_LEASE, SHORT_LEASE]).await;
+    assert_eq!(acquired(&holder, "k").await, 1);
+    assert_eq!(
+        waiter.acquire("k").await.ok(),
+        Some(None),
+        "refused: now it waits"
+    );
+    assert_eq!(holder.release("k", 1).await.ok(), Some(true));
+    assert_eq!(
+        tryer.try_acquire("k").await.ok(),
+        Some(None),
+        "the waiter comes first"
+    );
+    assert_eq!(backend.row("k").await, Some((None, 1)));
+    // A waiter that never comes back: a lease after the release, its mark no longer counts.
+    sleep(PAST_SHORT_LEASE).await;
+    assert_eq!(tryer.try_acquire("k").await.ok(), Some(Some(2)));
+    // Taking it cleared the mark: the next holder's release is free for a try at once.
+    assert_eq!(tryer.release("k", 2).await.ok(), Some(true));
+    assert_eq!(waiter.try_acquire("k").await.ok(), Some(Some(3)));
 }

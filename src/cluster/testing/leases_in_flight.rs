@@ -51,6 +51,11 @@ impl LeaseStore for HeldStore {
         Self::held(hold, self.inner.acquire(key)).await
     }
 
+    async fn try_acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
+        let hold = self.acquires.lock().unwrap().pop_front().flatten();
+        Self::held(hold, self.inner.try_acquire(key)).await
+    }
+
     async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
         self.inner.renew(key, fence).await
     }

@@ -1,7 +1,7 @@
 //! The lease store in memory: the table of `postgres` as a map behind a mutex, shared by several
 //! stores (one per simulated process, each its own owner), on tokio's clock.
 //!
-//! It keeps the invariants of the PostgreSQL table (see `postgres`) with the same four
+//! It keeps the invariants of the PostgreSQL table (see `postgres`) with the same five
 //! operations, each one critical section and so atomic, as each statement is there:
 //!
 //! 1. A key is held by `owner` exactly while `owner` is set and `expires_at` is after
@@ -12,6 +12,9 @@
 //! 4. A release queues its notice to every store of the table within the critical section that
 //!    releases, so no store sees the key free before its notice is queued, if an acquisition
 //!    was refused the key since it was taken (`wanted`), as in `postgres`.
+//! 5. A try takes a key only if an acquisition would, and no waiter can still be on its way:
+//!    the key is not wanted, or its last lease ended at least a lease length ago. A refused
+//!    try changes nothing.
 //!
 //! What it does not have: a connection (no call fails, none is cut, none times out) and a
 //! listener (notices cannot be lost, so it never says [`LeaseNotice::Missed`] unless a
@@ -46,8 +49,10 @@ struct Table {
     /// Owners handed out so far, to number the next one: owners are never reused, so a
     /// store made after another dropped cannot release the old one's leases.
     owners_made: u64,
-    /// A bug planted on purpose, for the simulator's proof that it finds one.
+    /// Bugs planted on purpose, for the simulator's proof that it finds them: renewals that
+    /// ignore the fence, and tries that take a key a waiter was refused.
     renew_ignores_fence: bool,
+    try_ignores_wanted: bool,
 }
 
 /// One key's lease, as the PostgreSQL table's row: `owner` is `None` once released.
@@ -108,6 +113,10 @@ impl MemoryLeaseTable {
     /// simulator's planted-bug tests call this.
     pub(crate) fn plant_renew_ignoring_fence(&self) {
         lock(&self.shared).renew_ignores_fence = true;
+    }
+
+    pub(crate) fn plant_try_ignoring_wanted(&self) {
+        lock(&self.shared).try_ignores_wanted = true;
     }
 }
 
@@ -192,6 +201,37 @@ impl LeaseStore for MemoryLeaseStore {
             Some(row) => {
                 row.wanted = true;
                 Ok(None)
+            }
+        }
+    }
+
+    async fn try_acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
+        check_key(key)?;
+        let now = Instant::now();
+        let mut table = self.table();
+        let snatches = table.try_ignores_wanted;
+        match table.rows.get_mut(key) {
+            // Free, expired or ours, and no waiter can still be on its way (invariant 5).
+            Some(row)
+                if (!row.is_held_at(now) || row.is_owned_by(&self.owner))
+                    && (snatches || !row.wanted || row.expires_at + self.lease <= now) =>
+            {
+                row.wanted = false;
+                row.owner = Some(self.owner.clone());
+                row.fence += 1;
+                row.expires_at = now + self.lease;
+                Ok(Some(row.fence))
+            }
+            Some(_) => Ok(None),
+            None => {
+                let row = Row {
+                    owner: Some(self.owner.clone()),
+                    fence: 1,
+                    expires_at: now + self.lease,
+                    wanted: false,
+                };
+                table.rows.insert(key.to_owned(), row);
+                Ok(Some(1))
             }
         }
     }

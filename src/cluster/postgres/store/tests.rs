@@ -783,6 +783,53 @@ async fn a_crash_that_a_connection_outlived_is_found_by_the_next_acquisition() {
 }
 
 #[tokio::test]
+async fn a_try_after_a_crash_is_refused_in_the_quiet_time_and_then_fenced_above_the_floor() {
+    let prefix = "kl_test_crash_try_";
+    let admin = fresh_table(prefix).await;
+    let lease = Duration::from_millis(900);
+    let (store, _notices) = store(&lease_config(prefix, lease)).await;
+    let before = acquired(&store, "k").await;
+    assert_eq!(store.release("k", before).await.ok(), Some(true));
+    // Found by the try itself, on a connection that outlived the crash (as behind a pooler):
+    // the floor rises, and the key is quiet for the longest lease.
+    empty_run(&admin, prefix).await;
+    assert_eq!(
+        store.try_acquire("k").await.ok(),
+        Some(None),
+        "quiet after a crash"
+    );
+    let started = Instant::now();
+    let after = loop {
+        match store.try_acquire("k").await {
+            Ok(Some(fence)) => break fence,
+            Ok(None) => assert!(started.elapsed() < BOUND, "never granted after the crash"),
+            Err(error) => panic!("try_acquire after the crash: {error}"),
+        }
+        sleep(Duration::from_millis(20)).await;
+    };
+    assert!(after >= before + Fence::try_from(FLOOR_RISE_AFTER_CRASH).unwrap());
+    // And on a connection made after the crash: a new key starts above the floor too.
+    empty_run(&admin, prefix).await;
+    terminate(&admin, &statements_name(&store)).await;
+    eventually("the store sees its connection lost", || {
+        store.core.link.is_known_lost()
+    })
+    .await;
+    let started = Instant::now();
+    let new_key = loop {
+        if let Ok(Some(fence)) = store.try_acquire("new").await {
+            break fence;
+        }
+        assert!(
+            started.elapsed() < BOUND,
+            "never granted after the second crash"
+        );
+        sleep(Duration::from_millis(20)).await;
+    };
+    assert!(new_key >= after + Fence::try_from(FLOOR_RISE_AFTER_CRASH).unwrap());
+}
+
+#[tokio::test]
 async fn a_clean_reconnection_keeps_the_floor_and_keys_free() {
     let prefix = "kl_test_crash_none_";
     let admin = fresh_table(prefix).await;
@@ -909,8 +956,19 @@ async fn the_lease_statements_cost_too_little_for_the_server_to_compile_them() {
          ARRAY[false, true, false]",
     )
     .await;
+    let try_acquire = generic_plan_cost(
+        &admin,
+        &statements.try_acquire,
+        "text, text, bigint",
+        "'a', 'me', 1000",
+    )
+    .await;
     // Compiling takes milliseconds at every call, more than the statements themselves.
     assert!(apply < jit_above / 10.0, "apply costs {apply}");
+    assert!(
+        try_acquire < jit_above / 10.0,
+        "try_acquire costs {try_acquire}"
+    );
 }
 
 #[tokio::test]

@@ -13,6 +13,9 @@
 //!   `max_local_hold` of its first.
 //! - **Every call ends**: a `lock` call without a caller's timeout ends (granted or `Closed`)
 //!   within [`CALL_BOUND`].
+//! - **A try does not wait**: a `try_lock` ends within [`TRY_BOUND`] of its process's running
+//!   time: one statement's way, never a wait for another process's release. That it never
+//!   takes a key from a waiter is checked on each reply of the store, in `store`.
 //! - The store's replies and the idle state are checked in `store` and `world`.
 
 use std::collections::BTreeMap;
@@ -32,6 +35,12 @@ use crate::cluster::locking::leases::HANDOFF_BITS;
 /// several of them; this is several times the longest wait seen in any run (the simulator's
 /// tests print it), and far below a wedged key, which never ends.
 pub(super) const CALL_BOUND: Duration = Duration::from_secs(60);
+
+/// The longest a `try_lock` may take while its process runs: one statement, slow both ways
+/// (2 x 400 ms) or timed out (a heartbeat), plus the longest jump of the whole clock (two
+/// leases), which fires every timer under way at once. A holder keeps a key up to two leases
+/// and several wait in line on a hot key, so a try that waited for releases shows past it.
+pub(super) const TRY_BOUND: Duration = Duration::from_secs(3);
 
 /// A holder of a key, as the checker sees it.
 struct Holder {
@@ -176,6 +185,15 @@ impl Checker {
             });
         if let Some(late) = late {
             self.fail(late);
+        }
+    }
+
+    /// `who`'s `try_lock` of `key` took `took` while its process ran.
+    pub(super) fn tried(&self, who: &str, key: &str, took: Duration) {
+        if took > TRY_BOUND {
+            self.fail(format!(
+                "{who}'s try_lock of {key:?} took {took:?} of running time, past {TRY_BOUND:?}: it waited"
+            ));
         }
     }
 

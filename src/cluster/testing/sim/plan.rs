@@ -146,6 +146,20 @@ impl ProcessClock {
         self.within(&self.plan.pauses, now)
     }
 
+    /// How long the process was paused between `from` and `to` (overlapping pauses counted
+    /// once each: at most an over-estimate).
+    pub(super) fn paused_between(&self, from: Instant, to: Instant) -> Duration {
+        self.plan
+            .pauses
+            .iter()
+            .map(|window| {
+                let start = self.at(window.from).max(from);
+                let end = self.at(window.until).min(to);
+                end.saturating_duration_since(start)
+            })
+            .sum()
+    }
+
     /// When the outage under way at `now` ends, if one is.
     pub(super) fn down_until(&self, now: Instant) -> Option<Instant> {
         self.within(&self.plan.outages, now)

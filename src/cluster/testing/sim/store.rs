@@ -19,7 +19,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use super::checks::Checker;
 use super::log::EventLog;
-use super::plan::{HEARTBEAT, ProcessClock};
+use super::plan::{HEARTBEAT, LEASE, ProcessClock};
 use super::rng::Rng;
 use crate::cluster::error::LeaseError;
 use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore};
@@ -48,6 +48,7 @@ pub(super) struct SimStore {
 #[derive(Clone, Copy)]
 enum Statement<'a> {
     Acquire(&'a str),
+    TryAcquire(&'a str),
     Renew(&'a str, Fence),
     Release(&'a str, Fence),
     ReleaseAll,
@@ -57,9 +58,10 @@ impl Statement<'_> {
     /// The key whose row the statement reads and writes; none for `release all`.
     fn key(&self) -> Option<&str> {
         match *self {
-            Statement::Acquire(key) | Statement::Renew(key, _) | Statement::Release(key, _) => {
-                Some(key)
-            }
+            Statement::Acquire(key)
+            | Statement::TryAcquire(key)
+            | Statement::Renew(key, _)
+            | Statement::Release(key, _) => Some(key),
             Statement::ReleaseAll => None,
         }
     }
@@ -78,6 +80,7 @@ impl std::fmt::Display for Statement<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Statement::Acquire(key) => write!(f, "acquire {key}"),
+            Statement::TryAcquire(key) => write!(f, "try acquire {key}"),
             Statement::Renew(key, fence) => write!(f, "renew {key} fence {fence}"),
             Statement::Release(key, fence) => write!(f, "release {key} fence {fence}"),
             Statement::ReleaseAll => f.write_str("release all"),
@@ -205,6 +208,38 @@ impl LeaseStore for SimStore {
                     Some(fence) if free => Err(format!("fence {fence}, where {next} was next")),
                     Some(_) => Err("taken while another owner held it live".to_owned()),
                     None if free => Err("refused while free, expired or ours".to_owned()),
+                    None => Ok(()),
+                }
+            },
+        )
+        .await
+    }
+
+    async fn try_acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
+        let owner = self.owner().to_owned();
+        self.run(
+            Statement::TryAcquire(key),
+            || self.inner.try_acquire(key),
+            |taken, row, now| {
+                let free = row.is_none_or(|row| !row.is_held_at(now) || row.is_owned_by(&owner));
+                // A waiter refused the key may still be on its way (invariant 5).
+                let awaited = row.is_some_and(|row| row.wanted && row.expires_at + LEASE > now);
+                let next = row.map_or(1, |row| row.fence + 1);
+                match taken {
+                    Some(fence) if free && !awaited && *fence == next => Ok(()),
+                    Some(fence) if free && !awaited => {
+                        Err(format!("fence {fence}, where {next} was next"))
+                    }
+                    Some(_) if free => {
+                        Err("taken from a waiter refused it less than a lease ago".to_owned())
+                    }
+                    Some(_) => Err("taken while another owner held it live".to_owned()),
+                    None if free && !awaited => {
+                        Err("refused while free, expired or ours, and not awaited".to_owned())
+                    }
+                    None if self.table.row(key).as_ref() != row => {
+                        Err("refused, and still changed the row".to_owned())
+                    }
                     None => Ok(()),
                 }
             },

@@ -46,6 +46,8 @@ const PLANTED: &[(PlantedBug, u64)] = &[
     (PlantedBug::NoFenceCheck, 40),
     (PlantedBug::RenewIgnoresFence, 60),
     (PlantedBug::HandoffPastBound, 10),
+    (PlantedBug::TrySnatchesFromWaiter, 10),
+    (PlantedBug::TryWaits, 10),
 ];
 
 fn seeds() -> Range<u64> {

@@ -2,7 +2,8 @@
 //! the plan pauses it.
 //!
 //! A worker runs `ops` lock calls on random keys: most wait as long as it takes, some under a
-//! timeout, some with a timeout of zero (a try), some in a task aborted part-way. A granted
+//! timeout, some with a timeout of zero, some in a task aborted part-way, and some are
+//! `try_lock`, which must answer within one statement's time. A granted
 //! worker holds the key for a few milliseconds, sometimes for hundreds, sometimes past the
 //! lease; then it writes to the resource under its token: only if its guard says the lease is
 //! live, or, now and then, regardless (a careless holder, which the fence must stop).
@@ -22,7 +23,7 @@ use super::rng::Rng;
 use crate::cluster::ClusterGuard;
 use crate::cluster::locking::lease_store::LeaseStore;
 use crate::cluster::locking::locks::ClusterLocks;
-use crate::error::LockError;
+use crate::error::{LockError, TryLockError};
 
 /// One worker of a simulated process.
 pub(super) struct Worker<S> {
@@ -34,14 +35,17 @@ pub(super) struct Worker<S> {
     pub(super) rng: Rng,
     pub(super) checker: Arc<Checker>,
     pub(super) log: Arc<EventLog>,
+    /// The planted bug of a `try_lock` that waits for the key as `lock` does.
+    pub(super) try_waits: bool,
 }
 
-/// How a worker calls `lock`.
+/// How a worker asks for a key.
 #[derive(Debug, Clone, Copy)]
 enum Call {
     Wait,
     Timeout(Duration),
     Abort(Duration),
+    Try,
 }
 
 impl<S: LeaseStore> Worker<S> {
@@ -53,14 +57,15 @@ impl<S: LeaseStore> Worker<S> {
                 _ => self.rng.below(self.keys as u64),
             };
             let key = format!("k{key}");
-            let call = match self.rng.below(10) {
+            let call = match self.rng.below(12) {
                 0..=5 => Call::Wait,
                 6..=7 => Call::Timeout(
                     self.rng
                         .between(Duration::from_millis(1), Duration::from_millis(1500)),
                 ),
                 8 => Call::Timeout(Duration::ZERO),
-                _ => Call::Abort(self.rng.between(Duration::ZERO, Duration::from_millis(300))),
+                9 => Call::Abort(self.rng.between(Duration::ZERO, Duration::from_millis(300))),
+                _ => Call::Try,
             };
             if !self.once(&key, call).await {
                 return;
@@ -77,7 +82,7 @@ impl<S: LeaseStore> Worker<S> {
             .event(&self.who, format_args!("locks {key} ({call:?})"));
         let id = self
             .checker
-            .call_started(&self.who, key, !matches!(call, Call::Wait));
+            .call_started(&self.who, key, !matches!(call, Call::Wait | Call::Try));
         let locked = match call {
             Call::Wait => Some(lock(&self.locks, key, &self.who, &self.checker).await),
             Call::Timeout(limit) => {
@@ -97,6 +102,24 @@ impl<S: LeaseStore> Worker<S> {
                 // granted already hands its guard over, as a real caller's would.
                 task.abort();
                 task.await.ok()
+            }
+            Call::Try => {
+                let started = Instant::now();
+                let tried = if self.try_waits {
+                    lock(&self.locks, key, &self.who, &self.checker)
+                        .await
+                        .map_err(|LockError::Closed| TryLockError::Closed)
+                } else {
+                    try_lock(&self.locks, key, &self.who, &self.checker).await
+                };
+                let paused = self.process.paused_between(started, Instant::now());
+                self.checker
+                    .tried(&self.who, key, started.elapsed().saturating_sub(paused));
+                match tried {
+                    Ok(guard) => Some(Ok(guard)),
+                    Err(TryLockError::WouldBlock) => None,
+                    Err(_closed) => Some(Err(LockError::Closed)),
+                }
             }
         };
         let guard = match locked {
@@ -141,6 +164,18 @@ async fn lock<S: LeaseStore>(
     checker: &Checker,
 ) -> Result<Arc<ClusterGuard<String>>, LockError> {
     let guard = Arc::new(locks.lock(key.to_owned()).await?);
+    checker.granted(who, key, &guard);
+    Ok(guard)
+}
+
+/// Tries `key` for `who`, and tells the checker at the instant of the grant.
+async fn try_lock<S: LeaseStore>(
+    locks: &ClusterLocks<String, S>,
+    key: &str,
+    who: &str,
+    checker: &Checker,
+) -> Result<Arc<ClusterGuard<String>>, TryLockError> {
+    let guard = Arc::new(locks.try_lock(key.to_owned()).await?);
     checker.granted(who, key, &guard);
     Ok(guard)
 }

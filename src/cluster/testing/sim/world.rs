@@ -29,6 +29,10 @@ pub(crate) enum PlantedBug {
     /// Every process passes its leases on locally without bound, never giving them back while
     /// its workers want them.
     HandoffPastBound,
+    /// The store's `try_acquire` takes a key that a waiter was refused just before.
+    TrySnatchesFromWaiter,
+    /// `try_lock` waits for the key as `lock` does.
+    TryWaits,
 }
 
 /// What one run did.
@@ -87,6 +91,9 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
     if planted == Some(PlantedBug::RenewIgnoresFence) {
         table.plant_renew_ignoring_fence();
     }
+    if planted == Some(PlantedBug::TrySnatchesFromWaiter) {
+        table.plant_try_ignoring_wanted();
+    }
     let bounds = if planted == Some(PlantedBug::HandoffPastBound) {
         CohortBounds {
             max_uses: 1 << leases::HANDOFF_BITS,
@@ -106,6 +113,7 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
         checker,
         table,
         bounds,
+        planted,
     };
 
     let mut processes: Vec<Process> = (0..run.plan.processes.len())
@@ -166,6 +174,7 @@ struct Run {
     checker: Arc<Checker>,
     table: MemoryLeaseTable,
     bounds: CohortBounds,
+    planted: Option<PlantedBug>,
 }
 
 /// One simulated process: its plan in time, its locks, its workers until they are awaited.
@@ -223,6 +232,7 @@ impl Run {
                     rng: Rng::new(seed, WORKER | stream | ((worker as u64) << 16)),
                     checker: Arc::clone(&self.checker),
                     log: Arc::clone(&self.log),
+                    try_waits: self.planted == Some(PlantedBug::TryWaits),
                 };
                 tokio::spawn(Pausable::new(job.run(), Arc::clone(&clock)))
             })
