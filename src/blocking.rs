@@ -370,6 +370,18 @@ impl<K: LockKey> LockRegistry<K> {
 /// the executor's own message, which is fine for what is a bug in the caller.
 #[track_caller]
 fn block_on<F: Future>(call: &str, async_call: &str, future: F) -> F::Output {
+    block_on_named("LockRegistry", call, async_call, future)
+}
+
+/// [`block_on`] for the calls of `registry`'s type (`ClusterRegistry` too), named so in the
+/// panic.
+#[track_caller]
+pub(crate) fn block_on_named<F: Future>(
+    registry: &str,
+    call: &str,
+    async_call: &str,
+    future: F,
+) -> F::Output {
     // Set on the first poll: a panic after it is the future's own (a key's `Hash`, say) and
     // goes on unchanged; a panic before it is the executor refusing to block here.
     let polled = Cell::new(false);
@@ -387,7 +399,7 @@ fn block_on<F: Future>(call: &str, async_call: &str, future: F) -> F::Output {
         Ok(output) => output,
         Err(payload) if polled.get() => panic::resume_unwind(payload),
         Err(_) => panic!(
-            "`LockRegistry::{call}` called from inside an async execution context: blocking \
+            "`{registry}::{call}` called from inside an async execution context: blocking \
              this thread would stall the tasks it runs; use `{async_call}(..).await` instead, \
              or call `{call}` from `spawn_blocking` or a thread of your own"
         ),

@@ -8,6 +8,8 @@ mod bounds;
 mod cancel_safety;
 // Not a behaviour: the registry configurations a test runs in when it must hold in each.
 #[cfg(feature = "postgres")]
+mod cluster_blocking;
+#[cfg(feature = "postgres")]
 mod cluster_processes;
 #[cfg(feature = "postgres")]
 mod cluster_registry;

@@ -4,6 +4,9 @@
 use std::fmt;
 use std::time::Duration;
 
+use tokio::runtime::Handle;
+
+use crate::blocking::block_on_named;
 use crate::cluster::error::ClusterError;
 use crate::cluster::locking::entropy::Jitter;
 use crate::cluster::locking::guard::ClusterGuard;
@@ -42,12 +45,16 @@ const DEFAULT_MAX_USES: u32 = 16;
 /// at once.
 pub struct ClusterRegistry<K: LockKey + fmt::Display> {
     locks: ClusterLocks<K, PgLeaseStore>,
+    /// The runtime it was connected on, where its tasks (statements, heartbeat) run: the
+    /// blocking calls enter it, so that they work on a thread with no tokio context.
+    runtime: Handle,
 }
 
 impl<K: LockKey + fmt::Display> Clone for ClusterRegistry<K> {
     fn clone(&self) -> Self {
         ClusterRegistry {
             locks: self.locks.clone(),
+            runtime: self.runtime.clone(),
         }
     }
 }
@@ -176,6 +183,87 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
     /// ```
     pub async fn try_lock(&self, key: K) -> Result<ClusterGuard<K>, TryLockError> {
         self.locks.try_lock(key).await
+    }
+
+    /// Waits for `key`, parking the calling thread: [`lock`](Self::lock) for threads outside
+    /// the async runtime, in the same local FIFO and with the same leases and tokens.
+    ///
+    /// The registry's statements and heartbeat run on the runtime it was connected on, which
+    /// must keep running while this waits.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] after [`shutdown`](Self::shutdown).
+    ///
+    /// # Panics
+    ///
+    /// If called on a thread that drives an async executor (a runtime's worker, or inside a
+    /// `block_on`): use [`lock`](Self::lock) there, or call this from `spawn_blocking` or a
+    /// thread of your own.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let registry = runtime.block_on(
+    ///     keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///         .connect(),
+    /// )?;
+    /// let guard = std::thread::spawn(move || registry.blocking_lock("account:42".to_string()))
+    ///     .join()
+    ///     .expect("the thread ran")?;
+    /// println!("token {}", guard.fencing_token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn blocking_lock(&self, key: K) -> Result<ClusterGuard<K>, LockError> {
+        let _entered = self.runtime.enter();
+        block_on_named("ClusterRegistry", "blocking_lock", "lock", self.lock(key))
+    }
+
+    /// Takes `key` if it is free right now across the cluster: [`try_lock`](Self::try_lock)
+    /// for threads outside the async runtime. It parks the thread for one statement at most,
+    /// never for another process's release.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_lock`](Self::try_lock): [`TryLockError::WouldBlock`] if the key is held or
+    /// waited for anywhere (or the server could not be asked), [`TryLockError::Closed`] after
+    /// [`shutdown`](Self::shutdown).
+    ///
+    /// # Panics
+    ///
+    /// As [`blocking_lock`](Self::blocking_lock), on a thread that drives an async executor.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let registry = runtime.block_on(
+    ///     keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///         .connect(),
+    /// )?;
+    /// let ran = std::thread::spawn(move || {
+    ///     registry.blocking_try_lock("job:nightly".to_string()).is_ok()
+    /// })
+    /// .join()
+    /// .expect("the thread ran");
+    /// println!("this replica runs the job: {ran}");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn blocking_try_lock(&self, key: K) -> Result<ClusterGuard<K>, TryLockError> {
+        let _entered = self.runtime.enter();
+        block_on_named(
+            "ClusterRegistry",
+            "blocking_try_lock",
+            "try_lock",
+            self.try_lock(key),
+        )
     }
 
     /// The local registry's counts: keys with a local holder or waiter.
@@ -435,6 +523,7 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
         leases::spawn_background(&leases, notices, self.config.heartbeat);
         Ok(ClusterRegistry {
             locks: ClusterLocks::new(local, leases),
+            runtime: Handle::current(),
         })
     }
 }

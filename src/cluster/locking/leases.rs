@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
+use tokio::runtime::Handle;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -92,6 +93,10 @@ pub(crate) struct Leases<S> {
     jitter: Mutex<Jitter>,
     /// The heartbeat and notice tasks, stopped when the last handle on these leases goes.
     background: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// The runtime the leases were made on, where every statement's task runs: a guard may be
+    /// dropped, and so a lease released, on a thread with no tokio context (a blocking
+    /// caller's), where `tokio::spawn` would panic.
+    runtime: Handle,
 }
 
 impl<S> Drop for Leases<S> {
@@ -175,7 +180,8 @@ pub(crate) struct Lease {
 
 impl<S: LeaseStore> Leases<S> {
     /// The leases of a process on `store`; `jitter` draws its polling intervals (seeded at
-    /// random in production, from the run's seed in a simulation).
+    /// random in production, from the run's seed in a simulation). Made within the runtime
+    /// its statements will run on.
     pub(crate) fn new(
         store: S,
         bounds: CohortBounds,
@@ -192,6 +198,7 @@ impl<S: LeaseStore> Leases<S> {
             journal,
             jitter: Mutex::new(jitter),
             background: Mutex::new(Vec::new()),
+            runtime: Handle::current(),
         })
     }
 
@@ -299,7 +306,7 @@ impl<S: LeaseStore> Leases<S> {
                 "invariant 1: the local holder's key without an entry"
             );
         }
-        let attempt = tokio::spawn(async move {
+        let attempt = self.runtime.spawn(async move {
             let started = Instant::now();
             let taken = match ask {
                 Ask::Acquire => leases.store.acquire(&owned_name).await,
@@ -390,7 +397,7 @@ impl<S: LeaseStore> Leases<S> {
     ) -> tokio::task::JoinHandle<Duration> {
         let leases = Arc::clone(self);
         self.record(&name, LeaseEvent::Released(fence));
-        tokio::spawn(async move {
+        self.runtime.spawn(async move {
             let started = Instant::now();
             let released = leases.store.release(&name, fence).await;
             let round_trip = started.elapsed();
