@@ -24,7 +24,8 @@ pub(crate) async fn fresh_prefix(prefix: &str) -> String {
     client
         .batch_execute(&format!(
             "DROP TABLE IF EXISTS \"{prefix}leases\", \"{prefix}fences\", \"{prefix}run\", \
-             \"{prefix}counters\";"
+             \"{prefix}counters\", \"{prefix}job_schedule\", \"{prefix}job_workers\", \
+             \"{prefix}job_runs\";"
         ))
         .await
         .expect("dropping the test's tables");

@@ -10,6 +10,8 @@ mod cancel_safety;
 #[cfg(feature = "postgres")]
 mod cluster_blocking;
 #[cfg(feature = "postgres")]
+mod cluster_jobs;
+#[cfg(feature = "postgres")]
 mod cluster_processes;
 #[cfg(feature = "postgres")]
 mod cluster_registry;
