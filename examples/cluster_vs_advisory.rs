@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release --features postgres --example cluster_vs_advisory -- --workload hot
 //! cargo run --release --features postgres --example cluster_vs_advisory -- --workload keys
+//! cargo run --release --features postgres --example cluster_vs_advisory -- --workload try
 //! ```
 //!
 //! It starts `--processes` child processes (default 3) of itself for each contender, each with
@@ -12,7 +13,13 @@
 //! `--keys` (default 10,000). Cluster mode uses one `ClusterRegistry` per process (lease
 //! `--lease-ms`, default 2000); advisory locks one connection per task, each lock
 //! `SELECT pg_advisory_lock($1)` then `SELECT pg_advisory_unlock($1)`, as `pgbench` would run
-//! them. The processes connect first, then start together; each contender prints one line:
+//! them. `try` makes `--locks` attempts per task on the one hot key of `hot`, each
+//! `try_lock` or `SELECT pg_try_advisory_lock($1)`, released at once when granted
+//! (`pg_advisory_unlock`), never waiting: every task contends for the key at every attempt, as
+//! replicas trying one job do, and a refused attempt goes on to the next. In cluster mode an
+//! attempt refused in its own process (another task of it holds the key, or is asking the
+//! server for it) costs no statement and returns at once; an advisory attempt is always a round
+//! trip. The processes connect first, then start together; each contender prints one line:
 //!
 //! ```text
 //! cluster  workload=hot processes=3 tasks=8 grants=4800 grants_per_s=5120 longest_wait_ms=31
@@ -20,7 +27,10 @@
 //! ```
 //!
 //! `grants_per_s` is every process's grants over the slowest process's time, from the start
-//! signal to its last release. `--only cluster` or `--only advisory` runs one of them.
+//! signal to its last release. `longest_wait_ms` is the longest call: a lock's wait, or for
+//! `try` an attempt's answer. `try` adds `attempts=` at the end of the line (every task's
+//! attempts; the grants are those taken), so attempts per second are `attempts` over
+//! `grants / grants_per_s`. `--only cluster` or `--only advisory` runs one of them.
 //! `--runtime current-thread` runs each process on tokio's current-thread runtime instead of
 //! the multi-thread one `#[tokio::main]` gives (`multi-thread`, the default). The
 //! database URL defaults to `DATABASE_URL`, else `postgres://postgres@127.0.0.1:5432/test`;
@@ -31,7 +41,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use clap::Parser;
-use keyed_locks::ClusterRegistry;
+use keyed_locks::{ClusterRegistry, TryLockError};
 use tokio::time::Instant;
 use tokio_postgres::NoTls;
 
@@ -42,8 +52,8 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Clone, Parser)]
 #[command(args_override_self = true)]
 struct Options {
-    /// One hot key, or a key drawn at random from `--keys`
-    #[arg(long, default_value = "hot", value_parser = ["hot", "keys"])]
+    /// One hot key, a key drawn at random from `--keys`, or tries of the hot key
+    #[arg(long, default_value = "hot", value_parser = ["hot", "keys", "try"])]
     workload: String,
     /// Processes per contender
     #[arg(long, value_name = "P", default_value_t = 3)]
@@ -51,7 +61,7 @@ struct Options {
     /// Tasks per process
     #[arg(long, value_name = "T", default_value_t = 8)]
     tasks: u64,
-    /// Locks per task
+    /// Locks per task (attempts, for `try`)
     #[arg(long, value_name = "N", default_value_t = 200)]
     locks: u64,
     /// Keys of the `keys` workload (at least 1)
@@ -115,6 +125,7 @@ fn main() -> Result<(), Error> {
 /// What one child reports.
 struct ChildResult {
     grants: u64,
+    attempts: u64,
     elapsed: Duration,
     longest_wait: Duration,
 }
@@ -158,6 +169,7 @@ fn compare(options: &Options, contender: &str) -> Result<(), Error> {
         };
         results.push(ChildResult {
             grants: field("grants")?,
+            attempts: field("attempts")?,
             elapsed: Duration::from_micros(field("elapsed_us")?),
             longest_wait: Duration::from_micros(field("longest_wait_us")?),
         });
@@ -167,6 +179,7 @@ fn compare(options: &Options, contender: &str) -> Result<(), Error> {
         }
     }
     let grants: u64 = results.iter().map(|result| result.grants).sum();
+    let attempts: u64 = results.iter().map(|result| result.attempts).sum();
     let slowest = results
         .iter()
         .map(|result| result.elapsed)
@@ -177,8 +190,14 @@ fn compare(options: &Options, contender: &str) -> Result<(), Error> {
         .map(|result| result.longest_wait)
         .max()
         .unwrap_or_default();
+    // `hot` and `keys` keep their line as it was; every attempt of theirs is a grant.
+    let attempts = if options.workload == "try" {
+        format!(" attempts={attempts}")
+    } else {
+        String::new()
+    };
     println!(
-        "{contender:<8} workload={} processes={} tasks={} grants={grants} grants_per_s={:.0} longest_wait_ms={}",
+        "{contender:<8} workload={} processes={} tasks={} grants={grants} grants_per_s={:.0} longest_wait_ms={}{attempts}",
         options.workload,
         options.processes,
         options.tasks,
@@ -231,10 +250,12 @@ fn child(options: &Options, contender: &str, index: u64) -> Result<(), Error> {
                     tokio_postgres::connect(&options.database_url, NoTls).await?;
                 tokio::spawn(connection);
                 let lock = client.prepare("SELECT pg_advisory_lock($1)").await?;
+                let try_lock = client.prepare("SELECT pg_try_advisory_lock($1)").await?;
                 let unlock = client.prepare("SELECT pg_advisory_unlock($1)").await?;
                 Task::Advisory {
                     client,
                     lock,
+                    try_lock,
                     unlock,
                 }
             };
@@ -256,18 +277,19 @@ fn child(options: &Options, contender: &str, index: u64) -> Result<(), Error> {
             })
             .collect();
         let mut longest_wait = Duration::ZERO;
-        let mut grants = 0;
+        let (mut grants, mut attempts) = (0, 0);
         for worker in workers {
-            let (done, longest) = worker.await??;
-            grants += done;
-            longest_wait = longest_wait.max(longest);
+            let done = worker.await??;
+            grants += done.grants;
+            attempts += done.attempts;
+            longest_wait = longest_wait.max(done.longest);
         }
         let elapsed = started.elapsed();
         if let Some(registry) = registry {
             registry.shutdown().await;
         }
         println!(
-            "done grants={grants} elapsed_us={} longest_wait_us={}",
+            "done grants={grants} attempts={attempts} elapsed_us={} longest_wait_us={}",
             elapsed.as_micros(),
             longest_wait.as_micros()
         );
@@ -278,46 +300,83 @@ fn child(options: &Options, contender: &str, index: u64) -> Result<(), Error> {
 /// One task's way of locking.
 enum Task {
     Cluster(ClusterRegistry<String>),
-    /// A connection of its own, and its two statements, prepared.
+    /// A connection of its own, and its statements, prepared.
     Advisory {
         client: tokio_postgres::Client,
         lock: tokio_postgres::Statement,
+        try_lock: tokio_postgres::Statement,
         unlock: tokio_postgres::Statement,
     },
 }
 
+/// What one task did.
+struct TaskResult {
+    grants: u64,
+    attempts: u64,
+    longest: Duration,
+}
+
 impl Task {
-    /// Takes and releases `options.locks` locks; returns how many and the longest wait.
-    async fn run(self, options: &Options, seed: u64) -> Result<(u64, Duration), Error> {
+    /// Takes and releases `options.locks` locks, or for `try` makes as many attempts and
+    /// releases what it takes; returns how many it took, how many attempts, and the longest
+    /// call.
+    async fn run(self, options: &Options, seed: u64) -> Result<TaskResult, Error> {
+        let tries = options.workload == "try";
         let mut keys = KeyDraw::new(seed);
-        let mut longest = Duration::ZERO;
+        let (mut grants, mut longest) = (0, Duration::ZERO);
         for _ in 0..options.locks {
-            let key = if options.workload == "hot" {
-                0
-            } else {
+            let key = if options.workload == "keys" {
                 keys.next() % options.keys
+            } else {
+                0
             };
             let asked = Instant::now();
             match &self {
+                Task::Cluster(registry) if tries => {
+                    let answer = registry.try_lock(format!("k{key}")).await;
+                    longest = longest.max(asked.elapsed());
+                    match answer {
+                        Ok(guard) => {
+                            grants += 1;
+                            drop(guard);
+                        }
+                        Err(TryLockError::WouldBlock) => {}
+                        Err(closed) => return Err(closed.into()),
+                    }
+                }
                 Task::Cluster(registry) => {
                     let guard = registry.lock(format!("k{key}")).await?;
                     longest = longest.max(asked.elapsed());
+                    grants += 1;
                     drop(guard);
                 }
                 Task::Advisory {
                     client,
                     lock,
+                    try_lock,
                     unlock,
                 } => {
                     // Advisory keys are `bigint`; ours fit.
                     let key = i64::try_from(key)?;
-                    client.execute(lock, &[&key]).await?;
+                    let taken = if tries {
+                        client.query_one(try_lock, &[&key]).await?.get(0)
+                    } else {
+                        client.execute(lock, &[&key]).await?;
+                        true
+                    };
                     longest = longest.max(asked.elapsed());
-                    client.execute(unlock, &[&key]).await?;
+                    if taken {
+                        grants += 1;
+                        client.execute(unlock, &[&key]).await?;
+                    }
                 }
             }
         }
-        Ok((options.locks, longest))
+        Ok(TaskResult {
+            grants,
+            attempts: options.locks,
+            longest,
+        })
     }
 }
 
