@@ -142,3 +142,38 @@ async fn try_lock_after_shutdown_is_closed() {
         TryLockError::Closed
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_trying_again_at_once_does_not_keep_the_key_from_another() {
+    let prefix = fresh_prefix("kl_test_try_fair_").await;
+    let (first, second) = (registry(&prefix).await, registry(&prefix).await);
+    // Four tasks per process try one key as fast as they can, letting go at once. Each
+    // release is still on its way when a task of its process tries again: that try must not
+    // take the row over (it is still ours), or the other process would never find it free.
+    let tries = |registry: &ClusterRegistry<String>| {
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let registry = registry.clone();
+                tokio::spawn(async move {
+                    let mut granted = 0u32;
+                    for _ in 0..200 {
+                        if let Ok(guard) = registry.try_lock("hot".to_owned()).await {
+                            granted += 1;
+                            drop(guard);
+                        }
+                    }
+                    granted
+                })
+            })
+            .collect();
+        async move {
+            let mut granted = 0;
+            for task in tasks {
+                granted += timeout(BOUND, task).await.unwrap().unwrap();
+            }
+            granted
+        }
+    };
+    let (first, second) = tokio::join!(tries(&first), tries(&second));
+    assert!(first > 0 && second > 0, "grants {first} and {second}");
+}

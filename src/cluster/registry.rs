@@ -144,7 +144,8 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
     /// A key that another process waits for is not free, even in the moment after its holder
     /// released it: the waiter was refused before, and it comes first (it asks again within
     /// its poll interval; a waiting mark older than one lease after the key's last release is
-    /// taken for a waiter that went away). A refused try leaves nothing behind in the table.
+    /// taken for a waiter that went away). Nor is a key whose lease this process is still
+    /// giving back (the release on its way). A refused try leaves nothing behind in the table.
     /// At most one statement: none if this process holds the key's lease already (a local
     /// hand-off, under the same bound as `lock`'s), else one round trip. If that statement
     /// fails (the server is unreachable), the key cannot be known to be free, and the answer

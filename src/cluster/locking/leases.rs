@@ -16,9 +16,10 @@
 //! # Invariants
 //!
 //! Under the one mutex of [`Leases`]:
-//! 1. A key has an entry exactly while its `interest` is above zero, it holds a lease, or an
-//!    acquisition statement for it is in flight (`in_flight`): no entry outlives all three, so
-//!    the map does not grow with the keys ever used.
+//! 1. A key has an entry exactly while its `interest` is above zero, it holds a lease, or a
+//!    statement of ours for it is in flight: an acquisition (`in_flight`) or a release
+//!    (`releasing`). No entry outlives all four, so the map does not grow with the keys ever
+//!    used.
 //! 2. `interest` counts the local callers between the start of a `lock` and the drop of its
 //!    guard (or of the `lock` future). When it drops to zero, a lease still held is released.
 //! 3. A held lease is in use by at most one guard, because the local registry grants the key
@@ -115,6 +116,9 @@ struct KeyLease {
     interest: usize,
     /// Acquisition statements sent and not yet answered (invariant 1).
     in_flight: usize,
+    /// Release statements sent and not yet answered (invariant 1): until they land the row
+    /// is still ours, so a try of the key must not take it over (see `is_being_released`).
+    releasing: usize,
     /// The highest fence recorded for the key while this entry lived (invariant 6).
     highest_fence: Fence,
     /// The lease the process holds, if any.
@@ -126,7 +130,18 @@ struct KeyLease {
 impl KeyLease {
     /// Nothing keeps the entry (invariant 1).
     fn is_unused(&self) -> bool {
-        self.interest == 0 && self.in_flight == 0 && self.held.is_none()
+        self.interest == 0 && self.in_flight == 0 && self.releasing == 0 && self.held.is_none()
+    }
+
+    fn new() -> Self {
+        KeyLease {
+            interest: 0,
+            in_flight: 0,
+            releasing: 0,
+            highest_fence: 0,
+            held: None,
+            released: Arc::new(Notify::new()),
+        }
     }
 }
 
@@ -218,13 +233,7 @@ impl<S: LeaseStore> Leases<S> {
     /// withdraws it when dropped.
     pub(crate) fn register(self: &Arc<Self>, name: &str) -> Interest {
         let mut keys = self.keys();
-        let entry = keys.entry(name.to_owned()).or_insert_with(|| KeyLease {
-            interest: 0,
-            in_flight: 0,
-            highest_fence: 0,
-            held: None,
-            released: Arc::new(Notify::new()),
-        });
+        let entry = keys.entry(name.to_owned()).or_insert_with(KeyLease::new);
         entry.interest += 1;
         Interest {
             leases: Arc::clone(self) as Arc<dyn LocalUsers>,
@@ -397,10 +406,23 @@ impl<S: LeaseStore> Leases<S> {
     ) -> tokio::task::JoinHandle<Duration> {
         let leases = Arc::clone(self);
         self.record(&name, LeaseEvent::Released(fence));
+        self.keys()
+            .entry(name.clone())
+            .or_insert_with(KeyLease::new)
+            .releasing += 1;
         self.runtime.spawn(async move {
             let started = Instant::now();
             let released = leases.store.release(&name, fence).await;
             let round_trip = started.elapsed();
+            {
+                let mut keys = leases.keys();
+                if let Some(entry) = keys.get_mut(&name) {
+                    entry.releasing -= 1;
+                    if entry.is_unused() {
+                        keys.remove(&name);
+                    }
+                }
+            }
             if let Err(error) = released {
                 tracing::warn!(
                     target: "keyed_locks::cluster",
@@ -412,6 +434,15 @@ impl<S: LeaseStore> Leases<S> {
             }
             round_trip
         })
+    }
+
+    /// Whether a release of `name`'s lease by this process is on its way: until it lands the
+    /// row is ours, and a try that took it over (ours counts as free) would keep the key from
+    /// every other process for as long as this process keeps trying.
+    pub(crate) fn is_being_released(&self, name: &str) -> bool {
+        self.keys()
+            .get(name)
+            .is_some_and(|entry| entry.releasing > 0)
     }
 
     /// How long a lease lasts without renewal.

@@ -68,6 +68,12 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
             Next::Acquire {
                 after_release: Some(_),
             } => return Err(TryLockError::WouldBlock),
+            // Still held by this process's lease until its release lands.
+            Next::Acquire {
+                after_release: None,
+            } if self.leases.is_being_released(interest.name()) => {
+                return Err(TryLockError::WouldBlock);
+            }
             Next::Acquire {
                 after_release: None,
             } => match self.leases.try_acquire(interest.name()).await {

@@ -46,7 +46,7 @@ const PLANTED: &[(PlantedBug, u64)] = &[
     (PlantedBug::NoFenceCheck, 40),
     (PlantedBug::RenewIgnoresFence, 60),
     (PlantedBug::HandoffPastBound, 10),
-    (PlantedBug::TrySnatchesFromWaiter, 10),
+    (PlantedBug::TrySnatchesFromWaiter, 40),
     (PlantedBug::TryWaits, 10),
 ];
 

@@ -113,8 +113,7 @@ impl<S: LeaseStore> Worker<S> {
                     try_lock(&self.locks, key, &self.who, &self.checker).await
                 };
                 let paused = self.process.paused_between(started, Instant::now());
-                self.checker
-                    .tried(&self.who, key, started.elapsed().saturating_sub(paused));
+                self.checker.tried(&self.who, key, started, paused);
                 match tried {
                     Ok(guard) => Some(Ok(guard)),
                     Err(TryLockError::WouldBlock) => None,

@@ -288,6 +288,7 @@ impl Run {
                     }
                     WorldEvent::Jump(by) => {
                         checker.count_fault();
+                        checker.clock_jumps(by);
                         tokio::time::advance(by).await;
                     }
                 }
