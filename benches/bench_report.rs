@@ -48,9 +48,12 @@ const PEER_INDICES: std::ops::Range<usize> =
 /// An actor with a tokio channel, a oneshot per lock and no cancel handling: what the round
 /// trip to an actor costs by itself.
 const NAIVE_ACTOR: &str = "naive-actor";
+/// The smallest single-owner keyed lock (`benches/contenders/single_owner.rs`): our design
+/// without our promises, the ceiling our default mode is held to.
+const STAND_IN: &str = "single-owner-stand-in";
 /// A bare `tokio::sync::Mutex` per key, no map: what no registry can beat.
 const FLOOR: &str = "floor";
-const ALL: [&str; 9] = [
+const ALL: [&str; 10] = [
     OURS,
     OURS_ACTOR,
     OURS_SHARDED,
@@ -59,13 +62,14 @@ const ALL: [&str; 9] = [
     PEERS[2],
     PEERS[3],
     NAIVE_ACTOR,
+    STAND_IN,
     FLOOR,
 ];
 
 /// Bar colours, in the order of [`ALL`]: reds for our configurations (the actor mode darkest).
-const COLOURS: [&str; 9] = [
+const COLOURS: [&str; 10] = [
     "#d62728", "#67000d", "#ff9896", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
-    "#7f7f7f",
+    "#17becf", "#7f7f7f",
 ];
 
 /// A throughput workload: criterion group, what it does, and the target ratio of ours to the
