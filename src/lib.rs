@@ -302,6 +302,7 @@ pub use guard::KeyGuard;
 pub use key::LockKey;
 pub use messages::actor::RegistryActor;
 pub use multi_guard::MultiGuard;
+pub use pure::snapshot::{DurationBounds, HolderSnapshot, KeyHold, KeySnapshot};
 pub use pure::stats::RegistryStats;
 pub use registry::LockRegistry;
 pub use registry::builder::RegistryBuilder;

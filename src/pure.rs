@@ -6,6 +6,7 @@ pub mod journal;
 pub mod journaled_table;
 pub(crate) mod overdue;
 pub mod replay;
+pub(crate) mod snapshot;
 pub(crate) mod stats;
 pub mod table;
 pub mod trace;

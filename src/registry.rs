@@ -15,6 +15,7 @@ use crate::messages::actor::{RegistryActor, RegistryConfig};
 use crate::multi_guard::MultiGuard;
 use crate::observe::{Acquisition, CallKind};
 use crate::pure::journal::Journal;
+use crate::pure::snapshot::{self, KeySnapshot};
 use crate::pure::stats::RegistryStats;
 use crate::pure::table::{KeySet, Permits};
 use crate::runtime::metrics::Histograms;
@@ -242,6 +243,11 @@ impl<K: LockKey> LockRegistry<K> {
         self.lock_permits(key, Some(permits), CallKind::Acquire)
             .await
             .map_err(|LockError::Closed| PermitsError::Closed)
+    }
+
+    /// Permits per key ([`RegistryBuilder::capacity`]).
+    pub(crate) fn capacity(&self) -> NonZeroU32 {
+        self.capacity
     }
 
     /// `permits` as the table takes them, or (requested, capacity) if out of range.
@@ -622,6 +628,103 @@ impl<K: LockKey> LockRegistry<K> {
             );
         }
         Ok(total)
+    }
+
+    /// Every key held or waited for, with its holders (fencing token, permits, how long held)
+    /// and its waiters (how many, what the first asks for, how long it has waited), the most
+    /// contended first.
+    ///
+    /// Each shard is viewed in one step, after every request sent to it before this call:
+    /// a shard's keys are as they were at one instant, and shards are viewed one after the
+    /// other. A shard waits while its view is built, one pass over its keys and holders
+    /// (`docs/performance-log.md` has the figures); on a large registry,
+    /// [`snapshot_top`](Self::snapshot_top) returns less but pauses each shard as long. Durations are bounds ([`DurationBounds`](crate::DurationBounds)):
+    /// no clock is read on a lock's way, so each shard dates grants and arrivals by time marks,
+    /// taken at its start, at each snapshot and every 256 arrivals.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] if the registry has shut down: a closed registry holds nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_locks::KeyHold;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keyed_locks::LockError> {
+    /// let registry = keyed_locks::LockRegistry::spawn();
+    /// let guard = registry.lock("a").await?;
+    /// let view = registry.snapshot().await?;
+    /// assert_eq!(view.len(), 1);
+    /// assert_eq!((view[0].key, view[0].hold, view[0].waiters), ("a", KeyHold::Exclusive, 0));
+    /// assert_eq!(view[0].holders[0].fencing_token, guard.fencing_token());
+    /// drop(guard);
+    /// assert!(registry.snapshot().await?.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn snapshot(&self) -> Result<Vec<KeySnapshot<K>>, LockError> {
+        self.views(None).await
+    }
+
+    /// The `n` most contended keys of [`snapshot`](Self::snapshot): most waiters first, then
+    /// held longest, then waited for longest.
+    ///
+    /// Each shard picks its own first `n` in its step and clones only those keys; the shards'
+    /// lists are merged. The pause of each shard is still one pass over its keys and holders.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] if the registry has shut down.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keyed_locks::LockError> {
+    /// let registry = keyed_locks::LockRegistry::spawn();
+    /// let _quiet = registry.lock("quiet").await?;
+    /// let _busy = registry.lock("busy").await?;
+    /// let waiter = registry.lock("busy");
+    /// tokio::pin!(waiter);
+    /// assert!(futures::poll!(waiter.as_mut()).is_pending());
+    /// let top = registry.snapshot_top(1).await?;
+    /// assert_eq!((top.len(), top[0].key, top[0].waiters), (1, "busy", 1));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn snapshot_top(&self, n: usize) -> Result<Vec<KeySnapshot<K>>, LockError> {
+        self.views(Some(n)).await
+    }
+
+    /// Every shard's view of its first `limit` keys, merged.
+    async fn views(&self, limit: Option<usize>) -> Result<Vec<KeySnapshot<K>>, LockError> {
+        let mut shards = Vec::with_capacity(self.shards.len());
+        for shard in self.shards.iter() {
+            shards.push(
+                shard
+                    .shard
+                    .ask(
+                        |reply| Request::Snapshot { limit, reply },
+                        |outcome| match outcome {
+                            Outcome::Snapshot(views) => Some(views),
+                            _ => None,
+                        },
+                    )
+                    .await
+                    .ok_or(LockError::Closed)?,
+            );
+        }
+        Ok(snapshot::merge(shards, limit))
     }
 
     /// A snapshot of the journal: every table input and output so far, oldest first, up to

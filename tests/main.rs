@@ -51,6 +51,7 @@ mod run_on_caller;
 mod shards;
 mod shutdown;
 mod shutdown_final;
+mod snapshot;
 mod stall_warnings;
 mod table_model;
 mod trace_json_lines;

@@ -11,6 +11,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use crate::pure::journal::{Journal, JournalEntry, JournalEvent, Refusal};
+use crate::pure::snapshot::KeySnapshot;
 use crate::pure::table::{
     Acquired, Grant, KeySet, LockTable, Permits, WaiterError, WaiterId, WouldBlock,
 };
@@ -138,6 +139,16 @@ where
     /// journal.
     pub fn delivery_mut(&mut self, waiter_id: WaiterId) -> Option<&mut D> {
         self.table.delivery_mut(waiter_id)
+    }
+
+    /// [`LockTable::mark_time`]: not recorded, since a time mark changes no lock.
+    pub fn mark_time(&mut self, now: Duration) {
+        self.table.mark_time(now);
+    }
+
+    /// [`LockTable::snapshot`]: not recorded, since a view changes no lock.
+    pub fn snapshot(&mut self, now: Duration, limit: Option<usize>) -> Vec<KeySnapshot<K>> {
+        self.table.snapshot(now, limit)
     }
 
     /// A copy of the journal so far (empty if the journal is off).

@@ -54,15 +54,18 @@
 //!    of holding records, `permits_in_use` the sum of the entries' permits, and `waiting` the
 //!    number of waiting records (a request for several keys is one record).
 //! 8. **Fencing.** Tokens are handed out in strictly increasing order starting at 1, one per
-//!    grant (only `next_token` hands them out), so at least one token was handed out per
-//!    holder. A holder's record does not keep its token: the grant carried it to the holder,
-//!    and a record without it is 8 bytes smaller.
+//!    grant (only `next_token` hands them out). Each holder's record keeps its grant's token,
+//!    below the next one, and no two holders share one (a request for several keys is one
+//!    holder). The token is kept as two `u32` halves, which fit beside the delivery's tag in
+//!    the waiting state's room, so a record is no larger for it (a `u64` would add 8 bytes).
 //! 9. **Records.** The record store keeps its own invariants (`table/records.rs`): its memory
 //!    follows the live records, not the number of arrivals.
 //! 10. **Groups.** A request for several keys at once has one record, keyed by its first key,
 //!     and its keys (two or more, each once) in the group map, for exactly as long as the
 //!     record lives. It counts as a waiter or holder in each of its keys' entries, holds
 //!     every permit of each while it holds, and its queue slots are flagged as a group's.
+//! 11. **Time marks.** The marks that date arrivals and grants for [`LockTable::snapshot`]
+//!     keep their own invariants (`table/marks.rs`): ordered, bounded.
 
 use std::collections::{HashMap, VecDeque, hash_map};
 use std::fmt;
@@ -71,7 +74,10 @@ use std::num::{NonZeroU32, NonZeroU64};
 
 use crate::pure::stats::RegistryStats;
 
+mod marks;
 mod records;
+mod view;
+use marks::Marks;
 use records::Records;
 
 /// Identifies one acquirer, from arrival until release or cancellation.
@@ -152,6 +158,8 @@ struct Ledger<K, D> {
     /// Permits per key: an exclusive acquirer takes them all (invariant 3).
     capacity: NonZeroU32,
     counts: Counts,
+    /// When the table stood at which arrival and token, to date the view's holds and waits.
+    marks: Marks,
 }
 
 /// The counts kept in O(1) for [`LockTable::stats`] (invariant 7).
@@ -358,8 +366,28 @@ struct Record<K, D> {
 enum RecordState<D> {
     /// Queued; the permits it asks for are in the queue.
     Waiting(D),
-    /// Holds `permits` of its key's permits.
-    Holding { permits: Permits },
+    /// Holds `permits` of its key's permits, granted under `fencing_token` (invariant 8).
+    Holding {
+        permits: Permits,
+        fencing_token: SplitToken,
+    },
+}
+
+/// A fencing token as two `u32` halves: aligned to 4 rather than 8, the holding state fits in
+/// the bytes a delivery leaves beside its tag, so keeping the token costs a record nothing
+/// (24 bytes for a `u64` key, with or without it; a `u64` field makes it 32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SplitToken([u32; 2]);
+
+impl SplitToken {
+    fn new(token: u64) -> Self {
+        // Truncations on purpose: the low and the high half.
+        SplitToken([token as u32, (token >> 32) as u32])
+    }
+
+    fn get(self) -> u64 {
+        u64::from(self.0[0]) | (u64::from(self.0[1]) << 32)
+    }
 }
 
 /// A waiter that became the holder of its key.
@@ -471,6 +499,7 @@ where
                 next_fencing_token: 1,
                 capacity,
                 counts: Counts::default(),
+                marks: Marks::new(),
             },
         }
     }
@@ -655,7 +684,7 @@ where
         }
         let Some(Record {
             key,
-            state: RecordState::Holding { permits },
+            state: RecordState::Holding { permits, .. },
         }) = ledger.records.remove(waiter_id)
         else {
             return Err(WaiterError::Unknown(waiter_id));
@@ -736,7 +765,7 @@ where
             for key in &keys {
                 ledger.settle(entries, key, granted);
             }
-            in_arrival_order(&mut granted[first_new..]);
+            ledger.in_arrival_order(&mut granted[first_new..]);
             return Ok((key, delivery));
         }
         match entries.get_mut(&key) {
@@ -857,7 +886,7 @@ where
                     return broken(1, format!("record {waiter_id:?} has no entry"));
                 }
                 match record.state {
-                    RecordState::Holding { permits } => {
+                    RecordState::Holding { permits, .. } => {
                         *holding_of.entry(key).or_default() += 1;
                         *permits_of.entry(key).or_default() += permits.get();
                     }
@@ -925,6 +954,12 @@ where
             held_keys += usize::from(entry.permits > 0);
             permits_total += entry.permits as usize;
         }
+        if let Err(detail) = self.check_tokens() {
+            return broken(8, detail);
+        }
+        if let Err(detail) = self.ledger.marks.check() {
+            return broken(11, detail);
+        }
         if self.ledger.next_fencing_token <= holding_records as u64 {
             return broken(
                 8,
@@ -949,6 +984,23 @@ where
                     "(held, holders, permits, waiting): counters say {kept:?}, entries {counted:?}"
                 ),
             );
+        }
+        Ok(())
+    }
+
+    /// Invariant 8 for the holders' records: each token handed out already, none twice.
+    #[cfg(any(test, feature = "unstable-table"))]
+    fn check_tokens(&self) -> Result<(), String> {
+        let mut seen = std::collections::HashSet::new();
+        for (waiter_id, record) in self.ledger.records.iter() {
+            if let RecordState::Holding { fencing_token, .. } = record.state {
+                let token = fencing_token.get();
+                if token >= self.ledger.next_fencing_token || !seen.insert(token) {
+                    return Err(format!(
+                        "holder {waiter_id:?} keeps token {token}, handed out twice or not yet"
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -1044,7 +1096,10 @@ impl<K, D> Ledger<K, D> {
         let fencing_token = self.next_token();
         let waiter_id = self.records.insert(Record {
             key,
-            state: RecordState::Holding { permits },
+            state: RecordState::Holding {
+                permits,
+                fencing_token: SplitToken::new(fencing_token),
+            },
         });
         self.counts.take(entry, permits);
         self.counts.holders += 1;
@@ -1101,7 +1156,11 @@ impl<K, D> Ledger<K, D> {
             if group {
                 return Next::GroupFirst(waiter_id);
             }
-            let holding = RecordState::Holding { permits };
+            let fencing_token = self.next_fencing_token;
+            let holding = RecordState::Holding {
+                permits,
+                fencing_token: SplitToken::new(fencing_token),
+            };
             let RecordState::Waiting(delivery) = std::mem::replace(&mut record.state, holding)
             else {
                 // Invariant 4 says queued live ids are waiting; a holder here would be a bug.
@@ -1109,7 +1168,6 @@ impl<K, D> Ledger<K, D> {
                 entry.queue.pop_front();
                 continue;
             };
-            let fencing_token = self.next_fencing_token;
             self.next_fencing_token = fencing_token.saturating_add(1);
             entry.queue.pop_front();
             entry.waiters -= 1;
@@ -1177,7 +1235,10 @@ impl<K: Hash + Eq + Clone, D> Ledger<K, D> {
         let fencing_token = self.next_token();
         let waiter_id = self.records.insert(Record {
             key: keys[0].clone(),
-            state: RecordState::Holding { permits },
+            state: RecordState::Holding {
+                permits,
+                fencing_token: SplitToken::new(fencing_token),
+            },
         });
         self.counts.holders += 1;
         self.groups.insert(waiter_id, keys);
@@ -1205,7 +1266,7 @@ impl<K: Hash + Eq + Clone, D> Ledger<K, D> {
         for key in keys {
             self.settle(entries, key, granted);
         }
-        in_arrival_order(&mut granted[first_new..]);
+        self.in_arrival_order(&mut granted[first_new..]);
     }
 
     /// Grants on `key` whatever now can be granted, requests for several keys included, and
@@ -1258,9 +1319,12 @@ impl<K: Hash + Eq + Clone, D> Ledger<K, D> {
         let Some(record) = self.records.get_mut(group) else {
             return false;
         };
-        let RecordState::Waiting(delivery) =
-            std::mem::replace(&mut record.state, RecordState::Holding { permits })
-        else {
+        let fencing_token = self.next_fencing_token;
+        let holding = RecordState::Holding {
+            permits,
+            fencing_token: SplitToken::new(fencing_token),
+        };
+        let RecordState::Waiting(delivery) = std::mem::replace(&mut record.state, holding) else {
             debug_assert!(false, "invariant 4: a holder in the queue");
             return false;
         };
@@ -1279,7 +1343,7 @@ impl<K: Hash + Eq + Clone, D> Ledger<K, D> {
         }
         self.counts.waiting -= 1;
         self.counts.holders += 1;
-        let fencing_token = self.next_token();
+        self.next_fencing_token = fencing_token.saturating_add(1);
         granted.push(Grant {
             waiter_id: group,
             fencing_token,
@@ -1325,19 +1389,30 @@ impl Settled {
     }
 }
 
-/// Puts the grants of one step in order of arrival, with its tokens in increasing order.
-///
-/// A step that touches several keys (the release or cancel of a request for several keys)
-/// runs each key's grant loop in turn, so its grants come out by key. Ordering them by arrival
-/// makes the tokens, and so the journal, independent of the order of the keys in the request.
-fn in_arrival_order<D>(grants: &mut [Grant<D>]) {
-    // One step's tokens are consecutive: each grant takes the next.
-    let Some(first_token) = grants.iter().map(|grant| grant.fencing_token).min() else {
-        return;
-    };
-    grants.sort_unstable_by_key(|grant| grant.waiter_id);
-    for (grant, token) in grants.iter_mut().zip(first_token..) {
-        grant.fencing_token = token;
+impl<K, D> Ledger<K, D> {
+    /// Puts the grants of one step in order of arrival, with its tokens in increasing order,
+    /// and gives each holder's record its grant's new token (invariant 8).
+    ///
+    /// A step that touches several keys (the release or cancel of a request for several keys)
+    /// runs each key's grant loop in turn, so its grants come out by key. Ordering them by
+    /// arrival makes the tokens, and so the journal, independent of the order of the keys in
+    /// the request.
+    fn in_arrival_order(&mut self, grants: &mut [Grant<D>]) {
+        // One step's tokens are consecutive: each grant takes the next.
+        let Some(first_token) = grants.iter().map(|grant| grant.fencing_token).min() else {
+            return;
+        };
+        grants.sort_unstable_by_key(|grant| grant.waiter_id);
+        for (grant, token) in grants.iter_mut().zip(first_token..) {
+            grant.fencing_token = token;
+            if let Some(Record {
+                state: RecordState::Holding { fencing_token, .. },
+                ..
+            }) = self.records.get_mut(grant.waiter_id)
+            {
+                *fencing_token = SplitToken::new(token);
+            }
+        }
     }
 }
 

@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 use crate::key::LockKey;
 use crate::pure::journal::Journal;
 use crate::pure::journaled_table::JournaledTable;
+use crate::pure::snapshot::KeySnapshot;
 use crate::pure::stats::RegistryStats;
 use crate::pure::table::{Acquired, Grant, KeySet, Permits, WaiterId, WouldBlock};
 use crate::runtime::metrics::ShardMetrics;
@@ -210,6 +211,9 @@ impl<K: LockKey> Owner<K> {
                 Outcome::Done
             }
             Request::Journal { reply } => answer(reply, self.table.journal(), Outcome::Journal),
+            Request::Snapshot { limit, reply } => {
+                answer(reply, self.snapshot(limit), Outcome::Snapshot)
+            }
         }
     }
 
@@ -240,6 +244,7 @@ impl<K: LockKey> Owner<K> {
     ) -> Outcome<K> {
         debug!(target: OWNER_TARGET, ?key, "acquire");
         self.stamp_time();
+        self.mark_time_now_and_then();
         let acquired = self.table.acquire(key, permits, delivery);
         self.grant_or_queue(acquired, effects)
     }
@@ -252,6 +257,7 @@ impl<K: LockKey> Owner<K> {
     ) -> Outcome<K> {
         debug!(target: OWNER_TARGET, keys = ?keys.as_slice(), "acquire of several keys");
         self.stamp_time();
+        self.mark_time_now_and_then();
         let acquired = self.table.acquire_all(keys, delivery);
         self.grant_or_queue(acquired, effects)
     }
@@ -312,6 +318,7 @@ impl<K: LockKey> Owner<K> {
     ) -> Outcome<K> {
         debug!(target: OWNER_TARGET, ?key, "try acquire");
         self.stamp_time();
+        self.mark_time_now_and_then();
         let taken = self.table.try_acquire(key, permits);
         self.grant_or_refuse(taken, delivery, effects)
     }
@@ -324,6 +331,7 @@ impl<K: LockKey> Owner<K> {
     ) -> Outcome<K> {
         debug!(target: OWNER_TARGET, keys = ?keys.as_slice(), "try acquire of several keys");
         self.stamp_time();
+        self.mark_time_now_and_then();
         let taken = self.table.try_acquire_all(keys);
         self.grant_or_refuse(taken, delivery, effects)
     }
@@ -494,6 +502,35 @@ impl<K: LockKey> Owner<K> {
         if self.table.is_journaling() {
             self.table.set_time(self.started.elapsed());
         }
+    }
+
+    /// Gives the table a time mark once every `MARK_EVERY` arrivals (`src/pure/table/marks.rs`),
+    /// so that its view dates holds and waits within that many arrivals while the shard is
+    /// busy, for one clock reading per that many locks rather than one per lock.
+    #[inline]
+    fn mark_time_now_and_then(&mut self) {
+        if self.table.table().wants_time_mark() {
+            self.mark_time_now();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn mark_time_now(&mut self) {
+        self.table.mark_time(self.started.elapsed());
+    }
+
+    /// The view of the first `limit` keys (all if `None`) in contention order, with the
+    /// registry's fencing tokens. Runs in the step, so the shard waits for it: O(keys +
+    /// holders), see `LockTable::snapshot`.
+    #[cold]
+    #[inline(never)]
+    fn snapshot(&mut self, limit: Option<usize>) -> Vec<KeySnapshot<K>> {
+        let mut views = self.table.snapshot(self.started.elapsed(), limit);
+        for holder in views.iter_mut().flat_map(|view| view.holders.iter_mut()) {
+            holder.fencing_token = self.registry_token(holder.fencing_token);
+        }
+        views
     }
 
     /// Answers every waiter, every request still `queued` and every grant not yet picked up

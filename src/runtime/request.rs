@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 
 use crate::key::LockKey;
 use crate::pure::journal::Journal;
+use crate::pure::snapshot::KeySnapshot;
 use crate::pure::stats::RegistryStats;
 use crate::pure::table::{KeySet, Permits, WaiterId};
 use crate::runtime::pending::{Granted, PendingKey};
@@ -50,6 +51,12 @@ pub(crate) enum Request<K: LockKey> {
     /// A [`stats`](crate::LockRegistry::stats) call. `None`: the caller runs the step.
     Stats {
         reply: Option<oneshot::Sender<RegistryStats>>,
+    },
+    /// A [`snapshot`](crate::LockRegistry::snapshot) call, for the first `limit` keys (all
+    /// if `None`). `None` reply: the caller runs the step.
+    Snapshot {
+        limit: Option<usize>,
+        reply: Option<oneshot::Sender<Vec<KeySnapshot<K>>>>,
     },
     /// A [`journal`](crate::LockRegistry::journal) call. `None`: the caller runs the step.
     Journal {
@@ -142,6 +149,8 @@ pub(crate) enum Outcome<K: LockKey> {
     Stats(RegistryStats),
     /// The journal asked for.
     Journal(Journal<K>),
+    /// The view asked for, in contention order.
+    Snapshot(Vec<KeySnapshot<K>>),
 }
 
 impl<K: LockKey> Outcome<K> {

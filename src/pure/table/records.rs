@@ -125,8 +125,13 @@ impl<R> Records<R> {
         records
     }
 
+    /// The id the next record will get: every live id is below it.
+    #[inline]
+    pub(super) fn next_arrival(&self) -> u64 {
+        self.base.get().saturating_add(self.window.len() as u64)
+    }
+
     /// Every live record, in no particular order.
-    #[cfg(any(test, feature = "unstable-table"))]
     pub(super) fn iter(&self) -> impl Iterator<Item = (WaiterId, &R)> {
         let base = self.base;
         let recent = (0u64..)
