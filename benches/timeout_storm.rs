@@ -1,0 +1,481 @@
+//! A timeout storm: goodput when most waiters give up, every contender taking turns run after
+//! run. Measures whether a registry keeps granting while its queues fill with waiters that
+//! time out, some of them after their grant was made and before they saw it.
+//!
+//! Each run, on a multi-thread runtime of 2 workers (as every benchmark here): 4 keys; per key
+//! a holder task takes it 100 times and holds it 2 ms each time; meanwhile 2,000 storm tasks
+//! loop `tokio::time::timeout(0.2 to 3 ms, lock(key))` on a random key of the 4, with a
+//! `yield_now` while holding, until the holders are done. A run's figure is its goodput: the
+//! successful acquisitions (the storm's and the holders') over the run's time. The random
+//! choices are seeded by run and task, so every contender of a run meets the same storm.
+//!
+//! Run `r` runs every contender once, a different one first each run (as `interleaved.rs`
+//! does, so that a slow spell of the shared machine falls on all of them); each contender is
+//! made once and kept for every run, so state that builds up across runs shows. Every run is
+//! counted: a collapse in the first is as real as one in the last. The `naive-actor`
+//! contender is left out: a grant sent to a waiter that timed out is lost with it, the key
+//! stays held for ever, and the run would never end.
+//!
+//! ```sh
+//! cargo bench --bench timeout_storm -- --runs 100
+//! cargo bench --bench timeout_storm -- --runs 20 --only keyed-locks   # one contender, to profile
+//! ```
+//!
+//! It prints one line per run (goodput per contender, ours over the best peer of the run),
+//! then per contender the min, median and max, and for ours the ratios to the best peer of
+//! the same run: their distribution and the worst run. It writes everything, every run's rates
+//! included, to `target/bench-report/timeout_storm.json`.
+
+mod command_line;
+mod contenders;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde_json::json;
+
+use contenders::{Contender, runtime};
+
+/// The keys the storm and the holders share.
+const KEYS: u64 = 4;
+/// Times each key's holder takes its key.
+const HOLDS_PER_KEY: u32 = 100;
+/// How long a holder keeps its key each time.
+const HOLD: Duration = Duration::from_millis(2);
+/// Tasks that lock under a timeout until the holders are done, unless `--tasks` says.
+const STORM_TASKS: u64 = 2_000;
+/// The storm's timeouts, drawn uniformly from this range of microseconds.
+const TIMEOUT_MICROS: std::ops::Range<u64> = 200..3_000;
+
+/// The contenders users choose between: the bar is the best of them in each run.
+const PEERS: [&str; 4] = ["lockable", "keyed-lock", "key-mutex", "refcount-map"];
+/// Our configurations, each held against the best peer.
+const OURS: [&str; 3] = ["keyed-locks", "keyed-locks-actor", "keyed-locks-8-shards"];
+/// Loses grants to waiters that time out, so the storm never ends for it.
+const LEFT_OUT: &str = "naive-actor";
+
+/// Ratios to the best peer at or above each bound fall in its bucket of the distribution.
+const RATIO_BUCKETS: [f64; 7] = [0.0, 0.5, 0.8, 0.9, 1.0, 1.1, 1.25];
+
+/// A timeout storm on 4 keys: every contender once per run, goodput per run and a summary.
+#[derive(Debug, Parser)]
+#[command(args_override_self = true)]
+struct Cli {
+    /// Runs (each runs every contender once)
+    #[arg(long, default_value_t = 20)]
+    runs: u64,
+    /// Storm tasks (how long the workers' run queues get)
+    #[arg(long, default_value_t = STORM_TASKS)]
+    tasks: u64,
+    /// Only these contenders (by name, repeatable); all but naive-actor if none is given
+    #[arg(long)]
+    only: Vec<String>,
+    #[command(flatten)]
+    runner: command_line::Runner,
+}
+
+/// What one run of one contender did.
+#[derive(Debug, Clone, Copy)]
+struct RunResult {
+    acquisitions: u64,
+    timeouts: u64,
+    elapsed: Duration,
+    /// The context switches of this process's threads during the run (Linux only).
+    switches: Option<ContextSwitches>,
+}
+
+/// Context switches of every thread of this process, as `/proc/self/task/*/status` counts them.
+#[derive(Debug, Clone, Copy)]
+struct ContextSwitches {
+    /// A thread gave up its core: parked (an idle worker, or one waiting for a lock), slept.
+    voluntary: u64,
+    /// The kernel took a thread off its core while it could still run: a busy machine's
+    /// preemptions.
+    preempted: u64,
+}
+
+impl ContextSwitches {
+    /// The counts so far; `None` where there is no such file.
+    fn now() -> Option<Self> {
+        let mut total = ContextSwitches {
+            voluntary: 0,
+            preempted: 0,
+        };
+        for task in std::fs::read_dir("/proc/self/task").ok()? {
+            let status = std::fs::read_to_string(task.ok()?.path().join("status")).ok()?;
+            let count = |field: &str| {
+                status
+                    .lines()
+                    .find_map(|line| line.strip_prefix(field))?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            };
+            total.voluntary += count("voluntary_ctxt_switches:")?;
+            total.preempted += count("nonvoluntary_ctxt_switches:")?;
+        }
+        Some(total)
+    }
+
+    /// The switches since `before` (a thread that ended meanwhile takes its counts with it).
+    fn since(self, before: ContextSwitches) -> ContextSwitches {
+        ContextSwitches {
+            voluntary: self.voluntary.saturating_sub(before.voluntary),
+            preempted: self.preempted.saturating_sub(before.preempted),
+        }
+    }
+}
+
+impl RunResult {
+    /// Successful acquisitions per second.
+    fn goodput(&self) -> f64 {
+        self.acquisitions as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// One run of a contender, numbered by its argument.
+type Run = Box<dyn FnMut(u64) -> RunResult>;
+
+/// After a contender's last run: warns if it kept an entry, then stops it.
+type Finish = Box<dyn FnOnce()>;
+
+/// Runs the storm once on the current runtime.
+async fn storm<C: Contender>(contender: &Arc<C>, run: u64, storm_tasks: u64) -> RunResult {
+    let holders_done = Arc::new(AtomicBool::new(false));
+    let acquisitions = Arc::new(AtomicU64::new(0));
+    let timeouts = Arc::new(AtomicU64::new(0));
+    let switches_before = ContextSwitches::now();
+    let start = Instant::now();
+    let storm_tasks: Vec<_> = (0..storm_tasks)
+        .map(|task| {
+            let contender = Arc::clone(contender);
+            let holders_done = Arc::clone(&holders_done);
+            let acquisitions = Arc::clone(&acquisitions);
+            let timeouts = Arc::clone(&timeouts);
+            tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(run << 32 | task);
+                let (mut acquired, mut timed_out) = (0, 0);
+                while !holders_done.load(Ordering::Relaxed) {
+                    let key = rng.random_range(0..KEYS);
+                    let limit = Duration::from_micros(rng.random_range(TIMEOUT_MICROS));
+                    match tokio::time::timeout(limit, contender.lock(key)).await {
+                        Ok(guard) => {
+                            tokio::task::yield_now().await;
+                            drop(guard);
+                            acquired += 1;
+                        }
+                        Err(_elapsed) => timed_out += 1,
+                    }
+                }
+                acquisitions.fetch_add(acquired, Ordering::Relaxed);
+                timeouts.fetch_add(timed_out, Ordering::Relaxed);
+            })
+        })
+        .collect();
+    let holders: Vec<_> = (0..KEYS)
+        .map(|key| {
+            let contender = Arc::clone(contender);
+            tokio::spawn(async move {
+                for _ in 0..HOLDS_PER_KEY {
+                    let guard = contender.lock(key).await;
+                    tokio::time::sleep(HOLD).await;
+                    drop(guard);
+                }
+            })
+        })
+        .collect();
+    for holder in holders {
+        holder.await.expect("holder task panicked");
+    }
+    holders_done.store(true, Ordering::Relaxed);
+    for task in storm_tasks {
+        task.await.expect("storm task panicked");
+    }
+    RunResult {
+        acquisitions: acquisitions.load(Ordering::Relaxed) + KEYS * u64::from(HOLDS_PER_KEY),
+        timeouts: timeouts.load(Ordering::Relaxed),
+        elapsed: start.elapsed(),
+        switches: ContextSwitches::now()
+            .zip(switches_before)
+            .map(|(after, before)| after.since(before)),
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[middle]
+    } else {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
+    }
+}
+
+fn min_max(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(low, high), &value| {
+            (low.min(value), high.max(value))
+        })
+}
+
+/// Every contender's results, per run.
+struct Measured {
+    names: Vec<&'static str>,
+    /// Per contender (in `names`' order), per run.
+    results: Vec<Vec<RunResult>>,
+}
+
+impl Measured {
+    fn index_of(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|candidate| *candidate == name)
+    }
+
+    fn goodputs(&self, index: usize) -> Vec<f64> {
+        self.results[index].iter().map(RunResult::goodput).collect()
+    }
+
+    /// The best peer of run `run`, and its goodput; `None` if no peer ran.
+    fn best_peer(&self, run: usize) -> Option<(&'static str, f64)> {
+        PEERS
+            .iter()
+            .filter_map(|peer| {
+                let index = self.index_of(peer)?;
+                Some((*peer, self.results[index][run].goodput()))
+            })
+            .max_by(|(_, a), (_, b)| a.total_cmp(b))
+    }
+
+    /// Per run: `name`'s goodput over the best peer's of that run, if both ran.
+    fn ratios_to_best_peer(&self, name: &str) -> Option<Vec<f64>> {
+        let index = self.index_of(name)?;
+        (0..self.results[index].len())
+            .map(|run| {
+                let (_, best) = self.best_peer(run)?;
+                Some(self.results[index][run].goodput() / best)
+            })
+            .collect()
+    }
+}
+
+/// How many of `ratios` fall in each bucket of [`RATIO_BUCKETS`], with its label.
+fn distribution(ratios: &[f64]) -> Vec<(String, usize)> {
+    RATIO_BUCKETS
+        .iter()
+        .enumerate()
+        .map(|(bucket, &low)| {
+            let high = RATIO_BUCKETS.get(bucket + 1).copied();
+            let count = ratios
+                .iter()
+                .filter(|&&ratio| ratio >= low && high.is_none_or(|high| ratio < high))
+                .count();
+            let label = match high {
+                Some(high) => format!("{low:.2}-{high:.2}"),
+                None => format!(">={low:.2}"),
+            };
+            (label, count)
+        })
+        .collect()
+}
+
+fn main() {
+    let cli: Cli = command_line::parse();
+    // `cargo test --benches` runs benchmarks without `--bench`: a storm of many runs is no
+    // test, so it does nothing then.
+    if !cli.runner.bench || !cli.runner.picks_this_program() {
+        return;
+    }
+    let wanted = |name: &str| {
+        name != LEFT_OUT && (cli.only.is_empty() || cli.only.iter().any(|only| only == name))
+    };
+    let runtime = Arc::new(runtime());
+    let mut names = Vec::new();
+    let mut runs: Vec<Run> = Vec::new();
+    let mut finishes: Vec<Finish> = Vec::new();
+    for_each_contender!(C => {
+        if wanted(C::NAME) {
+            let contender = Arc::new(runtime.block_on(async { C::new(KEYS as usize) }));
+            names.push(C::NAME);
+            let (for_run, for_finish) = (Arc::clone(&contender), contender);
+            let (runtime_for_run, runtime_for_finish) =
+                (Arc::clone(&runtime), Arc::clone(&runtime));
+            let tasks = cli.tasks;
+            runs.push(Box::new(move |run| {
+                runtime_for_run.block_on(storm(&for_run, run, tasks))
+            }));
+            finishes.push(Box::new(move || {
+                if let Some(entries) = runtime_for_finish.block_on(for_finish.entries())
+                    && entries != 0
+                {
+                    eprintln!("warning: {} left {entries} entries after the storm", C::NAME);
+                }
+                runtime_for_finish.block_on(for_finish.close());
+            }));
+        }
+    });
+    if runs.is_empty() {
+        eprintln!("no contender picked; the names are those of the table's columns");
+        std::process::exit(1);
+    }
+    eprintln!(
+        "timeout storm: {} runs of {} contenders; {KEYS} keys, {} tasks under 0.2-3 ms \
+         timeouts, holders {HOLDS_PER_KEY} x {HOLD:?}",
+        cli.runs,
+        runs.len(),
+        cli.tasks
+    );
+    let mut measured = Measured {
+        results: vec![Vec::with_capacity(cli.runs as usize); runs.len()],
+        names,
+    };
+    println!(
+        "| run | {} | ours / best peer |",
+        measured.names.join(" | ")
+    );
+    println!("|--:|{}---|", "--:|".repeat(measured.names.len()));
+    for run in 0..cli.runs {
+        for turn in 0..runs.len() {
+            // A different contender goes first each run, so none always follows the same one.
+            let index = (turn + run as usize) % runs.len();
+            let result = runs[index](run);
+            measured.results[index].push(result);
+        }
+        let run_index = run as usize;
+        let mut line = format!("| {} |", run + 1);
+        for results in &measured.results {
+            line.push_str(&format!(" {:.0} |", results[run_index].goodput()));
+        }
+        if let Some((peer, best)) = measured.best_peer(run_index) {
+            line.push_str(&format!(" best {peer}:"));
+            for name in OURS {
+                if let Some(index) = measured.index_of(name) {
+                    let ratio = measured.results[index][run_index].goodput() / best;
+                    let mark = if ratio < 0.5 { " (below half)" } else { "" };
+                    line.push_str(&format!(" {name} {ratio:.2}{mark};"));
+                }
+            }
+        }
+        line.push_str(" |");
+        println!("{line}");
+    }
+    for finish in finishes {
+        finish();
+    }
+    print_summary(&measured, cli.runs);
+    write_json(&measured, cli.runs);
+}
+
+fn print_summary(measured: &Measured, runs: u64) {
+    println!(
+        "\nGoodput, successful acquisitions per second over {runs} runs:\n\n\
+         | contender | min | median | max | timeouts per run (median) | preempted per run (median) |\n\
+         |---|--:|--:|--:|--:|--:|"
+    );
+    for (index, name) in measured.names.iter().enumerate() {
+        let goodputs = measured.goodputs(index);
+        let (low, high) = min_max(&goodputs);
+        let timeouts: Vec<f64> = measured.results[index]
+            .iter()
+            .map(|result| result.timeouts as f64)
+            .collect();
+        let preempted: Vec<f64> = measured.results[index]
+            .iter()
+            .filter_map(|result| result.switches)
+            .map(|switches| switches.preempted as f64)
+            .collect();
+        let preempted = if preempted.is_empty() {
+            "-".to_owned()
+        } else {
+            format!("{:.0}", median(&preempted))
+        };
+        println!(
+            "| {name} | {low:.0} | {:.0} | {high:.0} | {:.0} | {preempted} |",
+            median(&goodputs),
+            median(&timeouts)
+        );
+    }
+    for name in OURS {
+        let Some(ratios) = measured.ratios_to_best_peer(name) else {
+            continue;
+        };
+        let (low, high) = min_max(&ratios);
+        let worst = ratios
+            .iter()
+            .enumerate()
+            .min_by(|(_, a), (_, b)| a.total_cmp(b))
+            .map_or(0, |(run, _)| run);
+        let buckets: Vec<String> = distribution(&ratios)
+            .into_iter()
+            .map(|(label, count)| format!("{label}: {count}"))
+            .collect();
+        println!(
+            "\n{name} / best peer of the same run: min {low:.2} (run {}), median {:.2}, max \
+             {high:.2}; runs below half: {}\n  distribution: {}",
+            worst + 1,
+            median(&ratios),
+            ratios.iter().filter(|&&ratio| ratio < 0.5).count(),
+            buckets.join(", ")
+        );
+    }
+}
+
+fn write_json(measured: &Measured, runs: u64) {
+    let contenders: serde_json::Map<_, _> = measured
+        .names
+        .iter()
+        .enumerate()
+        .map(|(index, name)| {
+            let goodputs = measured.goodputs(index);
+            let (min, max) = min_max(&goodputs);
+            let per_run: Vec<_> = measured.results[index]
+                .iter()
+                .map(|result| {
+                    json!({
+                        "goodput": result.goodput(),
+                        "acquisitions": result.acquisitions,
+                        "timeouts": result.timeouts,
+                        "seconds": result.elapsed.as_secs_f64(),
+                        "voluntary_switches": result.switches.map(|switches| switches.voluntary),
+                        "preempted": result.switches.map(|switches| switches.preempted),
+                    })
+                })
+                .collect();
+            let summary = json!({
+                "min": min,
+                "median": median(&goodputs),
+                "max": max,
+                "runs": per_run,
+            });
+            ((*name).to_owned(), summary)
+        })
+        .collect();
+    let ratios: serde_json::Map<_, _> = OURS
+        .iter()
+        .filter_map(|name| Some(((*name).to_owned(), measured.ratios_to_best_peer(name)?)))
+        .map(|(name, ratios)| {
+            let (min, max) = min_max(&ratios);
+            let summary =
+                json!({ "min": min, "median": median(&ratios), "max": max, "runs": ratios });
+            (name, summary)
+        })
+        .collect();
+    let report = json!({
+        "runs": runs,
+        "contenders": contenders,
+        "ratio_to_best_peer": ratios,
+    });
+    let report_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .join("bench-report");
+    let path = report_dir.join("timeout_storm.json");
+    std::fs::create_dir_all(&report_dir).expect("the report directory can be created");
+    std::fs::write(&path, serde_json::to_string_pretty(&report).expect("JSON"))
+        .expect("the report can be written");
+    eprintln!("wrote {}", path.display());
+}
