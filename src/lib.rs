@@ -145,6 +145,8 @@
 //!
 //! **Recording.** [`RegistryBuilder::journal`] keeps a journal of every input and output of the
 //! lock table, which [`replay`] reproduces exactly (the repository's `docs/record-replay.md`).
+//! With the `timeline` feature, `journal.to_svg()` draws it: one lane per key, holds and waits
+//! as bars (`keyed_locks::timeline`).
 //!
 //! # When not to use it
 //!
@@ -254,6 +256,10 @@ pub mod messages;
 mod multi_guard;
 mod observe;
 mod registry;
+// Lock timelines (the `timeline` feature): a journal drawn as SVG or text. A face over `pure`,
+// whose journal it reads; no module names it.
+#[cfg(feature = "timeline")]
+pub mod timeline;
 
 pub use pure::{journal, replay, trace};
 
