@@ -13,13 +13,10 @@
 //! them): `--axis time|seq` puts time or event numbers on the horizontal axis (by default
 //! time, unless every event has the same time, as in hand-made traces); `--width COLUMNS` sets
 //! the width of the text timeline (default 72).
-
-mod axis;
-mod lanes;
-#[cfg(test)]
-mod script;
-mod svg;
-mod text;
+//!
+//! The drawing is the library's (`keyed_locks::timeline`, the `timeline` feature): a service
+//! draws its own journal with `registry.journal().await?.to_svg()`. This program reads the
+//! trace, and writes what the library draws.
 
 use std::fmt;
 use std::path::Path;
@@ -28,24 +25,23 @@ use std::process::ExitCode;
 use clap::Parser;
 use clap::builder::RangedU64ValueParser;
 use keyed_locks::journal::Journal;
+use keyed_locks::timeline::{Axis, Timeline};
 use keyed_locks::trace::TraceError;
 
-use crate::axis::{Axis, Scale};
-use crate::lanes::{Timeline, timeline_of};
-
 /// A key of a trace: a number or a string, whichever each one is.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Deserialize)]
+#[derive(Clone, PartialEq, Eq, Hash, serde::Deserialize)]
 #[serde(untagged)]
 enum TraceKey {
     Integer(u64),
     Text(String),
 }
 
-impl fmt::Display for TraceKey {
+/// As the trace writes the key, since the timeline names keys by their `Debug`: `42`, and
+/// `"user:42"` in double quotes with JSON's escapes.
+impl fmt::Debug for TraceKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TraceKey::Integer(number) => write!(f, "{number}"),
-            // As the trace writes it, in double quotes with JSON's escapes.
             TraceKey::Text(text) => match serde_json::to_string(text) {
                 Ok(quoted) => f.write_str(&quoted),
                 Err(_) => write!(f, "{text:?}"),
@@ -66,7 +62,7 @@ struct Options {
     svg: Option<String>,
     /// What the horizontal axis measures [default: time, unless every event has the same time]
     #[arg(long, value_enum)]
-    axis: Option<Axis>,
+    axis: Option<AxisChoice>,
     /// The width of the text timeline, from 20 to 1000
     #[arg(
         long,
@@ -75,6 +71,26 @@ struct Options {
         value_parser = RangedU64ValueParser::<usize>::new().range(20..=1000)
     )]
     width: usize,
+}
+
+/// The values of `--axis`, each the library's axis of the same name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AxisChoice {
+    /// Seconds since the registry started.
+    Time,
+    /// Sequence numbers: one step per event. For traces whose events share one time, such
+    /// as hand-made or proptest traces, and to pull apart events of one instant.
+    #[value(name = "seq")]
+    Sequence,
+}
+
+impl From<AxisChoice> for Axis {
+    fn from(choice: AxisChoice) -> Self {
+        match choice {
+            AxisChoice::Time => Axis::Time,
+            AxisChoice::Sequence => Axis::Sequence,
+        }
+    }
 }
 
 /// Why the timeline could not be drawn.
@@ -123,49 +139,39 @@ fn run(options: &Options) -> Result<(), Failure> {
         path: options.trace.clone(),
         source,
     })?;
-    let timeline = load(&text).map_err(|source| Failure::Parse {
+    let journal = Journal::<TraceKey>::from_json_lines(&text).map_err(|source| Failure::Parse {
         path: options.trace.clone(),
         source,
     })?;
-    if timeline.dropped > 0 {
+    if journal.dropped > 0 {
         eprintln!(
             "timeline: the journal dropped its {} oldest events; holds and waits that began \
              before its first event are not drawn",
-            timeline.dropped
+            journal.dropped
         );
     }
-    // A trace whose events all share one instant would be drawn as a single line of time.
-    let axis = options
-        .axis
-        .unwrap_or(if timeline.first.at == timeline.last.at {
-            Axis::Sequence
-        } else {
-            Axis::Time
-        });
-    let scale = Scale::of(&timeline, axis);
+    let mut timeline = Timeline::new(&journal);
+    if let Some(axis) = options.axis {
+        timeline = timeline.axis(axis.into());
+    }
     match &options.svg {
-        None => print!("{}", text::render_text(&timeline, &scale, options.width)),
+        None => print!("{}", timeline.to_text(options.width)),
         Some(path) => {
             let title = Path::new(&options.trace)
                 .file_name()
                 .map_or(options.trace.clone(), |name| {
                     name.to_string_lossy().into_owned()
                 });
-            let picture = svg::render_svg(&timeline, &scale, &title);
+            let timeline = timeline.title(title);
+            let picture = timeline.to_svg();
             std::fs::write(path, picture).map_err(|source| Failure::Write {
                 path: path.clone(),
                 source,
             })?;
-            println!("wrote {path}: {}", timeline.counts());
+            println!("wrote {path}: {}", timeline.summary());
         }
     }
     Ok(())
-}
-
-/// Parses `text` and builds its lanes.
-fn load(text: &str) -> Result<Timeline, TraceError> {
-    let journal = Journal::<TraceKey>::from_json_lines(text)?;
-    Ok(timeline_of(&journal, TraceKey::to_string))
 }
 
 #[cfg(test)]
@@ -184,7 +190,7 @@ mod tests {
             Options {
                 trace: "t.jsonl".into(),
                 svg: Some("out.svg".into()),
-                axis: Some(Axis::Sequence),
+                axis: Some(AxisChoice::Sequence),
                 width: 40,
             }
         );
@@ -235,6 +241,18 @@ mod tests {
         format!("{HEADER}\n{{\"seq\":1,\"at_ns\":0,\"event\":{event}}}\n")
     }
 
+    /// The key of the trace's one lane, as the text timeline shows it.
+    fn lane_key(trace: &str) -> String {
+        let journal = Journal::<TraceKey>::from_json_lines(trace).unwrap();
+        let text = Timeline::new(&journal).to_text(40);
+        let lane = text.lines().nth(1).unwrap_or_default();
+        lane.split(" |")
+            .next()
+            .unwrap_or_default()
+            .trim_end()
+            .to_owned()
+    }
+
     #[test]
     fn string_and_integer_keys_are_read_and_shown_as_the_trace_writes_them() {
         let acquire = |key: &str| {
@@ -242,42 +260,18 @@ mod tests {
                 r#"{{"acquire":{{"waiter":1,"key":{key},"permits":1}}}}"#
             ))
         };
-        let strings = load(&acquire(r#""user:42""#)).unwrap();
-        assert_eq!(strings.lanes[0].key, r#""user:42""#);
-        let integers = load(&acquire("42")).unwrap();
-        assert_eq!(integers.lanes[0].key, "42");
+        assert_eq!(lane_key(&acquire(r#""user:42""#)), r#""user:42""#);
+        assert_eq!(lane_key(&acquire("42")), "42");
+        assert_eq!(lane_key(&acquire(r#""bell\u0007""#)), r#""bell\u0007""#);
     }
 
     #[test]
     fn a_malformed_trace_is_reported_at_the_line_that_is_wrong() {
-        let error = load(&one_entry(r#""explode""#)).unwrap_err();
+        let error = Journal::<TraceKey>::from_json_lines(&one_entry(r#""explode""#)).unwrap_err();
         assert_eq!(error.line(), Some(2), "{error}");
         assert!(
             error.to_string().starts_with("line 2: not a journal entry"),
             "{error}"
         );
-    }
-
-    #[test]
-    fn absurd_but_valid_traces_are_drawn_without_panicking() {
-        let far = u64::MAX - 3;
-        let latest = u128::from(u64::MAX) * 1_000_000_000 + 999_999_999;
-        let events = [
-            r#"{"acquire":{"waiter":1,"key":1,"permits":1}}"#,
-            r#"{"grant":{"waiter":1,"fencing_token":1}}"#,
-            r#"{"release":{"waiter":9}}"#,
-        ];
-        let mut trace = format!(r#"{{"format":"keyed-locks-trace","version":3,"dropped":{far}}}"#);
-        for (seq, event) in (far + 1..=u64::MAX).zip(events) {
-            trace += &format!("\n{{\"seq\":{seq},\"at_ns\":{latest},\"event\":{event}}}");
-        }
-        let timeline = load(&trace).unwrap();
-        for axis in [Axis::Time, Axis::Sequence] {
-            let scale = Scale::of(&timeline, axis);
-            let _ = text::render_text(&timeline, &scale, 20);
-            let _ = svg::render_svg(&timeline, &scale, "absurd");
-        }
-        let empty = load(HEADER).unwrap();
-        let _ = text::render_text(&empty, &Scale::of(&empty, Axis::Time), 20);
     }
 }
