@@ -245,7 +245,8 @@ impl<K: LockKey> LockRegistry<K> {
             .map_err(|LockError::Closed| PermitsError::Closed)
     }
 
-    /// Permits per key ([`RegistryBuilder::capacity`]).
+    /// Permits per key ([`RegistryBuilder::capacity`]); cluster mode's lock path reads it.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn capacity(&self) -> NonZeroU32 {
         self.capacity
     }

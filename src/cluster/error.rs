@@ -131,6 +131,17 @@ pub enum ClusterError {
         /// The TLS library's error.
         source: BoxError,
     },
+    /// The lease table's keys have another number of permits than this registry's
+    /// [`capacity`](crate::ClusterBuilder::capacity): every process of a table must give the
+    /// same, or one would count permits another does not have.
+    CapacityMismatch {
+        /// The lease table's name.
+        table: String,
+        /// The permits per key the table was made with.
+        table_capacity: u32,
+        /// The permits per key this registry asked for.
+        asked: u32,
+    },
     /// Any other failure of the server: authentication, a missing database, a table of another
     /// shape, a read-only server.
     Database {
@@ -214,6 +225,15 @@ impl fmt::Display for ClusterError {
             ClusterError::TlsConfig { .. } => {
                 f.write_str("the tls library refused the connection's configuration")
             }
+            ClusterError::CapacityMismatch {
+                table,
+                table_capacity,
+                asked,
+            } => write!(
+                f,
+                "this registry's capacity is {asked} permits per key, but the lease table \
+                 {table:?} has {table_capacity}: every process sharing a table must use the same"
+            ),
             ClusterError::Database { action, .. } => {
                 write!(f, "the postgresql server failed while {action}")
             }
@@ -240,7 +260,8 @@ impl Error for ClusterError {
             | ClusterError::BadTablePrefix { .. }
             | ClusterError::LeaseTooShort { .. }
             | ClusterError::LeaseTooLong { .. }
-            | ClusterError::TooManyHandoffs { .. } => None,
+            | ClusterError::TooManyHandoffs { .. }
+            | ClusterError::CapacityMismatch { .. } => None,
         }
     }
 }
@@ -275,6 +296,14 @@ pub(crate) enum LeaseError {
         /// The statement timeout.
         after: Duration,
     },
+    /// A part lease asked for no permits, or for the table's whole capacity or more (the
+    /// whole is a whole lease); nothing was sent.
+    Permits {
+        /// The permits asked for.
+        requested: u32,
+        /// The table's permits per key.
+        capacity: u32,
+    },
     /// The server refused or failed the statement; the connection is fine.
     #[cfg(feature = "postgres")]
     Statement(tokio_postgres::Error),
@@ -304,6 +333,14 @@ impl fmt::Display for LeaseError {
                     "a key of {bytes} bytes is longer than the maximum, {MAX_KEY_BYTES}"
                 )
             }
+            LeaseError::Permits {
+                requested,
+                capacity,
+            } => write!(
+                f,
+                "a part lease of {requested} permits, where a key has {capacity}: a part is \
+                 below the capacity"
+            ),
             LeaseError::Reconnecting { retry_in } => write!(
                 f,
                 "the lease store is disconnected; it reconnects on a call in {retry_in:?}"
@@ -343,6 +380,7 @@ impl Error for LeaseError {
             LeaseError::ConnectionLost(source) | LeaseError::Statement(source) => Some(source),
             LeaseError::Batch(error) => Some(error.as_ref()),
             LeaseError::KeyTooLong { .. }
+            | LeaseError::Permits { .. }
             | LeaseError::Reconnecting { .. }
             | LeaseError::Timeout { .. }
             | LeaseError::BadFence(_)

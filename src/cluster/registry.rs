@@ -2,6 +2,7 @@
 //! that share one PostgreSQL database.
 
 use std::fmt;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -14,7 +15,7 @@ use crate::cluster::locking::leases::{self, CohortBounds, HANDOFF_BITS, Leases};
 use crate::cluster::locking::locks::ClusterLocks;
 use crate::cluster::postgres::config::PgLeaseConfig;
 use crate::cluster::postgres::store::PgLeaseStore;
-use crate::error::{LockError, TryLockError};
+use crate::error::{LockError, PermitsError, TryLockError, TryPermitsError};
 use crate::key::LockKey;
 use crate::pure::stats::RegistryStats;
 use crate::registry::LockRegistry;
@@ -186,6 +187,188 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
         self.locks.try_lock(key).await
     }
 
+    /// Waits for one of `key`'s permits across the cluster and returns a guard that holds it:
+    /// a shared (read) lock, as [`LockRegistry::lock_shared`]. Up to
+    /// [`capacity`](ClusterBuilder::capacity) shared holders, in any processes, hold a key
+    /// at once; an exclusive [`lock`](Self::lock) waits until they are all gone.
+    ///
+    /// Each shared guard holds a lease of its own in the table (a *part lease*, with its own
+    /// fence and fencing token), given back when the guard drops. With the default capacity
+    /// of one permit per key, a shared lock is exclusive, as locally.
+    ///
+    /// # Fairness
+    ///
+    /// In this process, strict FIFO across modes, as [`LockRegistry::lock_shared`]. Across
+    /// processes, a request that is refused is recorded in the key's row with its size, for
+    /// a lease, renewed each time it asks again: while it is, no smaller request of any
+    /// process is granted, so readers of other processes cannot starve a writer (a writer
+    /// counts as the whole capacity). Of two waiting requests, the larger is served first.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`lock`](Self::lock): a part lease taken for a dropped future is given
+    /// back at once.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] after [`shutdown`](Self::shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::num::NonZeroU32;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .capacity(NonZeroU32::new(8).ok_or("no permits")?)
+    ///     .connect()
+    ///     .await?;
+    /// let reader = registry.lock_shared("report:7".to_string()).await?;
+    /// let another = registry.lock_shared("report:7".to_string()).await?;
+    /// assert_ne!(reader.fencing_token(), another.fencing_token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn lock_shared(&self, key: K) -> Result<ClusterGuard<K>, LockError> {
+        self.locks
+            .acquire(key, 1)
+            .await
+            .map_err(|_closed| LockError::Closed)
+    }
+
+    /// Waits for `permits` of `key`'s permits across the cluster and returns a guard that
+    /// holds them: a semaphore per key shared by every process, for "at most N calls in
+    /// flight to the provider, whichever replica makes them". As
+    /// [`LockRegistry::acquire`]; all of the permits is [`lock`](Self::lock).
+    ///
+    /// # Fairness
+    ///
+    /// As [`lock_shared`](Self::lock_shared): FIFO in the process; across processes, a
+    /// refused request holds back every smaller one until it is served.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`lock_shared`](Self::lock_shared).
+    ///
+    /// # Errors
+    ///
+    /// [`PermitsError::OutOfRange`] if `permits` is 0 or above the
+    /// [`capacity`](ClusterBuilder::capacity) (nothing changes, nothing is sent);
+    /// [`PermitsError::Closed`] after [`shutdown`](Self::shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::num::NonZeroU32;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // At most 4 calls in flight to the provider, across every replica.
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .capacity(NonZeroU32::new(4).ok_or("no permits")?)
+    ///     .connect()
+    ///     .await?;
+    /// let permit = registry.acquire("provider".to_string(), 1).await?;
+    /// // ... call the provider ...
+    /// drop(permit);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire(&self, key: K, permits: u32) -> Result<ClusterGuard<K>, PermitsError> {
+        self.locks.acquire(key, permits).await
+    }
+
+    /// Takes one of `key`'s permits if one is free right now across the cluster and no
+    /// request for the key waits anywhere, without waiting: as [`try_lock`](Self::try_lock)
+    /// for a shared lock.
+    ///
+    /// At most one statement. A key whose whole lease this process holds idle (its last
+    /// exclusive holder just left) is given back, and this try refused: the release is on
+    /// its way, and a try does not wait for it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`try_lock`](Self::try_lock).
+    ///
+    /// # Errors
+    ///
+    /// [`TryLockError::WouldBlock`] if no permit is free, a request for the key waits, or the
+    /// server could not be asked; [`TryLockError::Closed`] after
+    /// [`shutdown`](Self::shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::num::NonZeroU32;
+    /// use keyed_locks::TryLockError;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .capacity(NonZeroU32::new(2).ok_or("no permits")?)
+    ///     .connect()
+    ///     .await?;
+    /// let writer = registry.lock("k".to_string()).await?;
+    /// assert_eq!(registry.try_lock_shared("k".to_string()).await.unwrap_err(), TryLockError::WouldBlock);
+    /// drop(writer);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn try_lock_shared(&self, key: K) -> Result<ClusterGuard<K>, TryLockError> {
+        self.locks
+            .try_acquire(key, 1)
+            .await
+            .map_err(|error| match error {
+                TryPermitsError::Closed => TryLockError::Closed,
+                // One permit is never out of range.
+                TryPermitsError::WouldBlock | TryPermitsError::OutOfRange { .. } => {
+                    TryLockError::WouldBlock
+                }
+            })
+    }
+
+    /// Takes `permits` of `key`'s permits if they are free right now across the cluster and
+    /// no request for the key waits anywhere, without waiting: as
+    /// [`try_lock_shared`](Self::try_lock_shared), for any number of permits.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`try_lock`](Self::try_lock).
+    ///
+    /// # Errors
+    ///
+    /// [`TryPermitsError::OutOfRange`] if `permits` is 0 or above the capacity (nothing is
+    /// sent), [`TryPermitsError::WouldBlock`] if they are not free, a request waits, or the
+    /// server could not be asked; [`TryPermitsError::Closed`] after
+    /// [`shutdown`](Self::shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::num::NonZeroU32;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .capacity(NonZeroU32::new(3).ok_or("no permits")?)
+    ///     .connect()
+    ///     .await?;
+    /// match registry.try_acquire("provider".to_string(), 2).await {
+    ///     Ok(permits) => println!("calling under token {}", permits.fencing_token()),
+    ///     Err(busy) => println!("not now: {busy}"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn try_acquire(
+        &self,
+        key: K,
+        permits: u32,
+    ) -> Result<ClusterGuard<K>, TryPermitsError> {
+        self.locks.try_acquire(key, permits).await
+    }
+
     /// Waits for `key`, parking the calling thread: [`lock`](Self::lock) for threads outside
     /// the async runtime, in the same local FIFO and with the same leases and tokens.
     ///
@@ -264,6 +447,164 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
             "blocking_try_lock",
             "try_lock",
             self.try_lock(key),
+        )
+    }
+
+    /// Waits for a shared lock of `key`, parking the calling thread:
+    /// [`lock_shared`](Self::lock_shared) for threads outside the async runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] after [`shutdown`](Self::shutdown).
+    ///
+    /// # Panics
+    ///
+    /// As [`blocking_lock`](Self::blocking_lock), on a thread that drives an async executor.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let registry = runtime.block_on(
+    ///     keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///         .connect(),
+    /// )?;
+    /// let guard = std::thread::spawn(move || registry.blocking_lock_shared("k".to_string()))
+    ///     .join()
+    ///     .expect("the thread ran")?;
+    /// println!("token {}", guard.fencing_token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn blocking_lock_shared(&self, key: K) -> Result<ClusterGuard<K>, LockError> {
+        let _entered = self.runtime.enter();
+        block_on_named(
+            "ClusterRegistry",
+            "blocking_lock_shared",
+            "lock_shared",
+            self.lock_shared(key),
+        )
+    }
+
+    /// Waits for `permits` of `key`, parking the calling thread:
+    /// [`acquire`](Self::acquire) for threads outside the async runtime.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
+    ///
+    /// # Panics
+    ///
+    /// As [`blocking_lock`](Self::blocking_lock), on a thread that drives an async executor.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let registry = runtime.block_on(
+    ///     keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///         .connect(),
+    /// )?;
+    /// let permit = std::thread::spawn(move || registry.blocking_acquire("provider".to_string(), 1))
+    ///     .join()
+    ///     .expect("the thread ran")?;
+    /// drop(permit);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn blocking_acquire(&self, key: K, permits: u32) -> Result<ClusterGuard<K>, PermitsError> {
+        let _entered = self.runtime.enter();
+        block_on_named(
+            "ClusterRegistry",
+            "blocking_acquire",
+            "acquire",
+            self.acquire(key, permits),
+        )
+    }
+
+    /// Takes a shared lock of `key` if one is free right now across the cluster:
+    /// [`try_lock_shared`](Self::try_lock_shared) for threads outside the async runtime. It
+    /// parks the thread for one statement at most.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_lock_shared`](Self::try_lock_shared).
+    ///
+    /// # Panics
+    ///
+    /// As [`blocking_lock`](Self::blocking_lock), on a thread that drives an async executor.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let registry = runtime.block_on(
+    ///     keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///         .connect(),
+    /// )?;
+    /// let read = std::thread::spawn(move || registry.blocking_try_lock_shared("k".to_string()).is_ok())
+    ///     .join()
+    ///     .expect("the thread ran");
+    /// println!("read now: {read}");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn blocking_try_lock_shared(&self, key: K) -> Result<ClusterGuard<K>, TryLockError> {
+        let _entered = self.runtime.enter();
+        block_on_named(
+            "ClusterRegistry",
+            "blocking_try_lock_shared",
+            "try_lock_shared",
+            self.try_lock_shared(key),
+        )
+    }
+
+    /// Takes `permits` of `key` if they are free right now across the cluster:
+    /// [`try_acquire`](Self::try_acquire) for threads outside the async runtime. It parks the
+    /// thread for one statement at most.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Panics
+    ///
+    /// As [`blocking_lock`](Self::blocking_lock), on a thread that drives an async executor.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let registry = runtime.block_on(
+    ///     keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///         .connect(),
+    /// )?;
+    /// let got = std::thread::spawn(move || registry.blocking_try_acquire("provider".to_string(), 1).is_ok())
+    ///     .join()
+    ///     .expect("the thread ran");
+    /// println!("a permit now: {got}");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn blocking_try_acquire(
+        &self,
+        key: K,
+        permits: u32,
+    ) -> Result<ClusterGuard<K>, TryPermitsError> {
+        let _entered = self.runtime.enter();
+        block_on_named(
+            "ClusterRegistry",
+            "blocking_try_acquire",
+            "try_acquire",
+            self.try_acquire(key, permits),
         )
     }
 
@@ -376,6 +717,7 @@ impl<K: LockKey + fmt::Display> fmt::Debug for ClusterBuilder<K> {
             .field("heartbeat", &self.heartbeat)
             .field("max_local_handoffs", &(self.max_uses - 1))
             .field("max_local_hold", &self.max_hold)
+            .field("capacity", &self.config.capacity)
             .finish_non_exhaustive()
     }
 }
@@ -462,7 +804,36 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
         self
     }
 
-    /// Settings of the local registry (shards, execution mode, journal).
+    /// Permits per key, in every process of the table: up to this many
+    /// [`lock_shared`](ClusterRegistry::lock_shared) holders at once, or
+    /// [`acquire`](ClusterRegistry::acquire) permits in all; [`lock`](ClusterRegistry::lock)
+    /// takes them all. Default 1 (a shared lock is then exclusive). It is the table's: the
+    /// first process to connect records it, and a process that connects with another gets
+    /// [`ClusterError::CapacityMismatch`]. It is also the local registry's, whatever
+    /// [`local`](Self::local) sets.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::num::NonZeroU32;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .table_prefix("provider_")
+    ///     .capacity(NonZeroU32::new(10).ok_or("no permits")?)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn capacity(mut self, permits: NonZeroU32) -> Self {
+        self.config.capacity = permits;
+        self
+    }
+
+    /// Settings of the local registry (shards, execution mode, journal). Its capacity is the
+    /// cluster's ([`capacity`](Self::capacity)).
     pub fn local(
         mut self,
         configure: impl FnOnce(
@@ -515,7 +886,7 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
         };
         let (store, notices) = PgLeaseStore::connect(&self.config).await?;
         let journaling = self.local.journaling();
-        let local = self.local.spawn();
+        let local = self.local.capacity(self.config.capacity).spawn();
         let journal: Option<leases::LeaseJournal> = journaling.then(|| {
             let local = local.clone();
             Box::new(move |note: String| local.note(note)) as _

@@ -5,33 +5,54 @@ use std::fmt;
 use tokio::sync::watch;
 
 use crate::cluster::locking::lease_store::Fence;
-use crate::cluster::locking::leases::{Interest, Lease, Validity};
+use crate::cluster::locking::leases::{Interest, Lease, PartLease, Validity};
 use crate::guard::KeyGuard;
 use crate::key::LockKey;
 
-/// Holds one key of a [`ClusterRegistry`](crate::ClusterRegistry): the local lock and the
-/// process's lease, until dropped.
+/// Holds one key of a [`ClusterRegistry`](crate::ClusterRegistry), or some of its permits: the
+/// local lock and a lease, until dropped.
 ///
-/// Dropping it releases the local lock without awaiting and passes the lease to the next
-/// local waiter; with none left, the lease goes back to the table in a task of its own.
+/// A guard of the whole key (`lock`, `lock_all`, or every permit) uses the process's lease of
+/// the key; dropping it releases the local lock without awaiting and passes the lease to the
+/// next local waiter; with none left, the lease goes back to the table in a task of its own.
+/// A guard of part of the key's permits (`lock_shared`, `acquire` of fewer than all) holds a
+/// lease of its own, which goes back to the table, in a task of its own, when it is dropped.
 #[must_use = "if unused the lock is released at once"]
 #[clippy::has_significant_drop]
 pub struct ClusterGuard<K: LockKey + fmt::Display> {
     fence: Fence,
     fencing_token: u64,
     validity: watch::Receiver<Validity>,
-    // Field order is drop order: the local lock goes before the interest, so a lease whose
-    // last local user leaves is released after the key is free locally.
+    // Field order is drop order. A part lease goes back first, so that the next local holder
+    // of the key's permits, granted when the local lock goes, finds it gone from the table
+    // sooner. The local lock goes before the interest, so a whole lease whose last local user
+    // leaves is released after the key is free locally.
+    /// The guard's own part lease; `None` for a guard of the process's whole lease.
+    part: Option<PartLease>,
     local: KeyGuard<K>,
     interest: Interest,
 }
 
 impl<K: LockKey + fmt::Display> ClusterGuard<K> {
+    /// A guard of the whole key, under the process's lease.
     pub(crate) fn new(local: KeyGuard<K>, lease: Lease, interest: Interest) -> Self {
         ClusterGuard {
             fence: lease.fence,
             fencing_token: lease.fencing_token,
             validity: lease.validity,
+            part: None,
+            local,
+            interest,
+        }
+    }
+
+    /// A guard of part of the key's permits, under its own part lease.
+    pub(crate) fn with_part(local: KeyGuard<K>, part: PartLease, interest: Interest) -> Self {
+        ClusterGuard {
+            fence: part.fence,
+            fencing_token: part.fencing_token(),
+            validity: part.validity.clone(),
+            part: Some(part),
             local,
             interest,
         }
@@ -45,11 +66,13 @@ impl<K: LockKey + fmt::Display> ClusterGuard<K> {
     /// This grant's fencing token: strictly greater than every earlier token of the same key,
     /// in any process sharing the lease table.
     ///
-    /// The lease's fence (the table's count of acquisitions of the key) is in the high 44 bits
-    /// and the number of local hand-offs under that lease in the low 20:
+    /// The lease's fence (the table's count of acquisitions of the key, whole or part) is in
+    /// the high 44 bits and the number of local hand-offs under that lease in the low 20:
     /// `fence << 20 | handoffs`. Both only grow, and a lease is handed off locally fewer than
     /// 2^20 times, so the tokens increase; they stay below 2^64 for 2^44 (17.6 trillion)
-    /// acquisitions of one key.
+    /// acquisitions of one key. A guard of part of the permits has a lease, and so a fence,
+    /// of its own (hand-offs 0): holders that share a key at once have distinct tokens, in
+    /// the order the table granted them.
     ///
     /// A lease can run out while its holder is paused. Have the resource you protect refuse a
     /// write whose token is lower than the highest it has seen (for a table:
@@ -96,8 +119,11 @@ impl<K: LockKey + fmt::Display> ClusterGuard<K> {
 
 impl<K: LockKey + fmt::Display> Drop for ClusterGuard<K> {
     fn drop(&mut self) {
-        // Before the local lock goes: the next local holder must find the lease free.
-        self.interest.put_back(self.fence);
+        // Before the local lock goes: the next local holder must find the lease free. A part
+        // lease goes back as its field drops.
+        if self.part.is_none() {
+            self.interest.put_back(self.fence);
+        }
     }
 }
 

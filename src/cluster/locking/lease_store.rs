@@ -11,6 +11,7 @@
 //! name the fence they act for, and a fence names one acquisition for ever.
 
 use std::future::Future;
+use std::num::NonZeroU32;
 
 use crate::cluster::error::LeaseError;
 
@@ -80,9 +81,66 @@ pub(crate) trait LeaseStore: Send + Sync + 'static {
         fence: Fence,
     ) -> impl Future<Output = Result<bool, LeaseError>> + Send;
 
-    /// Releases every lease this store's owner holds, as [`release`](LeaseStore::release)
-    /// does each (used by shutdown); returns how many.
+    /// Takes a *part lease* of `permits` of `key`'s permits, beside the other part leases of
+    /// the key: refused (`None`) while another owner's whole lease is live, while the live
+    /// part leases would then hold more than the table's capacity, or while a larger request
+    /// waits (its refusal is recorded less than a lease ago and no request at least as large
+    /// was granted since). A refusal records this request as waiting, so that its release is
+    /// announced and smaller requests do not overtake it. `permits` is at least one and below
+    /// the capacity (the whole of it is [`acquire`](LeaseStore::acquire)'s); any other count
+    /// is refused with [`LeaseError::Permits`].
+    ///
+    /// Each part lease has a fence of its own, from the key's one counter: a part lease and
+    /// a whole lease are never live together, and fences of a key only grow, whatever kind.
+    /// Our own whole lease counts as another's here: a process gives it back before it takes
+    /// parts of the key.
+    fn acquire_part(
+        &self,
+        key: &str,
+        permits: NonZeroU32,
+    ) -> impl Future<Output = Result<Option<Fence>, LeaseError>> + Send;
+
+    /// Takes a part lease as [`acquire_part`](LeaseStore::acquire_part) does, unless any
+    /// request for the key waits: a refusal of any size recorded less than the refused
+    /// store's lease ago (it asks again within its poll interval, shorter than its lease). A
+    /// refusal changes nothing.
+    fn try_acquire_part(
+        &self,
+        key: &str,
+        permits: NonZeroU32,
+    ) -> impl Future<Output = Result<Option<Fence>, LeaseError>> + Send;
+
+    /// Extends our live part lease `fence` by the store's lease length from now; `false` when
+    /// it has run out or is gone.
+    fn renew_part(
+        &self,
+        key: &str,
+        fence: Fence,
+    ) -> impl Future<Output = Result<bool, LeaseError>> + Send;
+
+    /// Ends our part lease `fence`, announcing the release if the key is wanted; `false` if it
+    /// is gone (it ran out and a later acquisition cleared it away).
+    fn release_part(
+        &self,
+        key: &str,
+        fence: Fence,
+    ) -> impl Future<Output = Result<bool, LeaseError>> + Send;
+
+    /// Releases every lease this store's owner holds, whole and part, as
+    /// [`release`](LeaseStore::release) does each (used by shutdown); returns the number of
+    /// keys it released leases of.
     fn release_all(&self) -> impl Future<Output = Result<u64, LeaseError>> + Send;
+}
+
+/// Refuses a part lease's `permits` unless below `capacity`, as every store does first.
+pub(crate) fn check_part(permits: NonZeroU32, capacity: NonZeroU32) -> Result<(), LeaseError> {
+    if permits >= capacity {
+        return Err(LeaseError::Permits {
+            requested: permits.get(),
+            capacity: capacity.get(),
+        });
+    }
+    Ok(())
 }
 
 /// What the notices of a lease store say, in the order the listener learnt it.

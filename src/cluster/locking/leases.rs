@@ -8,6 +8,10 @@
 //! Dice, Marathe and Shavit ("Lock Cohorting: A General Technique for Designing NUMA Locks",
 //! PPoPP 2012), with the process as the cohort and the lease as the global lock.
 //!
+//! A request for part of a key's permits (a shared lock, a few permits) takes a *part lease*
+//! of its own instead, held by its guard alone and given back when the guard drops: no
+//! hand-off, since other local holders of the key's permits hold their own parts beside it.
+//!
 //! Every statement runs in a task of its own ([`Leases::acquire`], [`Leases::spawn_release`]),
 //! so that a `lock` future dropped mid-statement never leaves its outcome unrecorded: a lease
 //! taken for a caller that has gone is recorded all the same, and released if nobody in the
@@ -16,10 +20,10 @@
 //! # Invariants
 //!
 //! Under the one mutex of [`Leases`]:
-//! 1. A key has an entry exactly while its `interest` is above zero, it holds a lease, or a
-//!    statement of ours for it is in flight: an acquisition (`in_flight`) or a release
-//!    (`releasing`). No entry outlives all four, so the map does not grow with the keys ever
-//!    used.
+//! 1. A key has an entry exactly while its `interest` is above zero, it holds a lease (whole
+//!    or part), or a statement of ours for it is in flight: an acquisition (`in_flight`) or a
+//!    release (`releasing`). No entry outlives all of them, so the map does not grow with the
+//!    keys ever used.
 //! 2. `interest` counts the local callers between the start of a `lock` and the drop of its
 //!    guard (or of the `lock` future). When it drops to zero, a lease still held is released.
 //! 3. A held lease is in use by at most one guard, because the local registry grants the key
@@ -36,8 +40,14 @@
 //!    after its caller gave up and a newer lease of the key was granted and released.
 //! 7. A guard learns that its lease is lost before any statement that gives the lease back
 //!    is sent: a release's reply can come late, and the key may be another process's by then.
+//! 8. A part lease belongs to one [`PartLease`], which gives it back when dropped, wherever
+//!    it is dropped: in the guard, or as the output of an acquisition task whose caller went
+//!    away. The process holds no whole lease of a key while it asks for a part of it: the
+//!    store would refuse the part (a whole lease excludes parts, ours too), so an idle whole
+//!    lease is given back first ([`Leases::give_back_whole`]).
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
@@ -121,8 +131,10 @@ struct KeyLease {
     releasing: usize,
     /// The highest fence recorded for the key while this entry lived (invariant 6).
     highest_fence: Fence,
-    /// The lease the process holds, if any.
+    /// The whole lease the process holds, if any.
     held: Option<Held>,
+    /// The part leases the process holds, one per guard (invariant 8).
+    parts: Vec<HeldPart>,
     /// Woken when the key's lease is announced released, or notices were missed.
     released: Arc<Notify>,
 }
@@ -130,7 +142,11 @@ struct KeyLease {
 impl KeyLease {
     /// Nothing keeps the entry (invariant 1).
     fn is_unused(&self) -> bool {
-        self.interest == 0 && self.in_flight == 0 && self.releasing == 0 && self.held.is_none()
+        self.interest == 0
+            && self.in_flight == 0
+            && self.releasing == 0
+            && self.held.is_none()
+            && self.parts.is_empty()
     }
 
     fn new() -> Self {
@@ -140,9 +156,16 @@ impl KeyLease {
             releasing: 0,
             highest_fence: 0,
             held: None,
+            parts: Vec::new(),
             released: Arc::new(Notify::new()),
         }
     }
+}
+
+/// A part lease the process holds, as the heartbeat renews it.
+struct HeldPart {
+    fence: Fence,
+    validity: watch::Sender<Validity>,
 }
 
 struct Held {
@@ -396,13 +419,23 @@ impl<S: LeaseStore> Leases<S> {
         }
     }
 
-    /// Releases `fence` on `name` in a task of its own, so that no caller's cancellation can
-    /// stop it halfway; a failure leaves the lease to run out. The task returns how long the
-    /// statement took.
+    /// Releases the whole lease `fence` on `name` in a task of its own, so that no caller's
+    /// cancellation can stop it halfway; a failure leaves the lease to run out. The task
+    /// returns how long the statement took.
     fn spawn_release(
         self: &Arc<Self>,
         name: String,
         fence: Fence,
+    ) -> tokio::task::JoinHandle<Duration> {
+        self.spawn_release_of(name, fence, Kind::Whole)
+    }
+
+    /// Releases the lease `fence` of `kind` on `name`, as [`spawn_release`](Self::spawn_release).
+    fn spawn_release_of(
+        self: &Arc<Self>,
+        name: String,
+        fence: Fence,
+        kind: Kind,
     ) -> tokio::task::JoinHandle<Duration> {
         let leases = Arc::clone(self);
         self.record(&name, LeaseEvent::Released(fence));
@@ -412,7 +445,10 @@ impl<S: LeaseStore> Leases<S> {
             .releasing += 1;
         self.runtime.spawn(async move {
             let started = Instant::now();
-            let released = leases.store.release(&name, fence).await;
+            let released = match kind {
+                Kind::Whole => leases.store.release(&name, fence).await,
+                Kind::Part => leases.store.release_part(&name, fence).await,
+            };
             let round_trip = started.elapsed();
             {
                 let mut keys = leases.keys();
@@ -433,6 +469,107 @@ impl<S: LeaseStore> Leases<S> {
                 );
             }
             round_trip
+        })
+    }
+
+    /// Gives back the whole lease of `name` that the process holds and no guard uses, before a
+    /// local holder of part of the key asks for a part lease (invariant 8): the release's
+    /// task, to await before asking, or `None` if there was none.
+    pub(crate) fn give_back_whole(
+        self: &Arc<Self>,
+        name: &str,
+    ) -> Option<tokio::task::JoinHandle<Duration>> {
+        let mut keys = self.keys();
+        let entry = keys.get_mut(name)?;
+        // In use, it would be a local holder of the whole key beside this holder of a part,
+        // which the local registry does not grant.
+        debug_assert!(
+            entry.held.as_ref().is_none_or(|held| !held.in_use),
+            "invariant 3: a part granted locally beside the whole"
+        );
+        let held = entry.held.take()?;
+        held.validity.send_modify(|validity| validity.lost = true);
+        drop(keys);
+        Some(self.spawn_release(name.to_owned(), held.fence))
+    }
+
+    /// One attempt at a part lease of `permits` of `name`, run in a task of its own: the
+    /// lease if taken (held by the returned [`PartLease`], which gives it back when dropped,
+    /// also if this caller has gone by then), `Ok(None)` if refused.
+    pub(crate) async fn acquire_part(
+        self: &Arc<Self>,
+        name: &str,
+        permits: NonZeroU32,
+        ask: Ask,
+    ) -> Result<Option<PartLease>, AcquireFailed> {
+        let leases = Arc::clone(self);
+        let owned_name = name.to_owned();
+        self.record(name, LeaseEvent::Requested);
+        self.keys()
+            .entry(name.to_owned())
+            .or_insert_with(KeyLease::new)
+            .in_flight += 1;
+        let attempt = self.runtime.spawn(async move {
+            let started = Instant::now();
+            let taken = match ask {
+                Ask::Acquire => leases.store.acquire_part(&owned_name, permits).await,
+                Ask::Try => leases.store.try_acquire_part(&owned_name, permits).await,
+            };
+            let fence = taken.as_ref().ok().copied().flatten();
+            let part = leases.record_part_answer(&owned_name, fence, started);
+            match taken {
+                Ok(Some(_)) if part.is_none() => Err(AcquireFailed(
+                    "the part lease was taken, and given back: it ran out before its reply came, \
+                     or the registry is shutting down"
+                        .to_owned(),
+                )),
+                Ok(_) => Ok(part),
+                Err(error) => Err(AcquireFailed(error.to_string())),
+            }
+        });
+        attempt
+            .await
+            .unwrap_or_else(|join_error| Err(AcquireFailed(join_error.to_string())))
+    }
+
+    /// Records the answer to a part acquisition: the part lease if it took one, unless the
+    /// leases were released for shutdown while the statement ran (invariant 5), or it ran out
+    /// by this process's clock before its reply came (a paused process; another process may
+    /// hold the permits by now): then it is released at once.
+    fn record_part_answer(
+        self: &Arc<Self>,
+        name: &str,
+        taken: Option<Fence>,
+        started: Instant,
+    ) -> Option<PartLease> {
+        let mut keys = self.keys();
+        let closed = self.closed.load(Ordering::Relaxed);
+        let entry = keys.entry(name.to_owned()).or_insert_with(KeyLease::new);
+        entry.in_flight -= 1;
+        let Some(fence) = taken else {
+            if entry.is_unused() {
+                keys.remove(name);
+            }
+            return None;
+        };
+        entry.highest_fence = entry.highest_fence.max(fence);
+        if closed || Instant::now() >= started + self.lease {
+            drop(keys);
+            self.spawn_release_of(name.to_owned(), fence, Kind::Part);
+            return None;
+        }
+        let (validity, receiver) = watch::channel(Validity {
+            lost: false,
+            until: started + self.lease,
+        });
+        entry.parts.push(HeldPart { fence, validity });
+        drop(keys);
+        self.record(name, LeaseEvent::Granted(fence));
+        Some(PartLease {
+            users: Arc::clone(self) as Arc<dyn LocalUsers>,
+            name: name.to_owned(),
+            fence,
+            validity: receiver,
         })
     }
 
@@ -469,34 +606,44 @@ impl<S: LeaseStore> Leases<S> {
     /// sends them together, and a process holding many leases renews them in a round trip or
     /// a few, not one per lease.
     async fn renew_all(self: &Arc<Self>) {
-        let held: Vec<(String, Fence)> = self
+        let held: Vec<(String, Fence, Kind)> = self
             .keys()
             .iter()
-            .filter_map(|(name, entry)| Some((name.clone(), entry.held.as_ref()?.fence)))
+            .flat_map(|(name, entry)| {
+                let whole = entry.held.as_ref().map(|held| (held.fence, Kind::Whole));
+                let parts = entry.parts.iter().map(|part| (part.fence, Kind::Part));
+                whole
+                    .into_iter()
+                    .chain(parts)
+                    .map(|(fence, kind)| (name.clone(), fence, kind))
+            })
             .collect();
         let mut renewals = tokio::task::JoinSet::new();
-        for (name, fence) in held {
+        for (name, fence, kind) in held {
             let leases = Arc::clone(self);
             renewals.spawn(async move {
                 let started = Instant::now();
-                let renewed = leases.store.renew(&name, fence).await;
-                (name, fence, started, renewed)
+                let renewed = match kind {
+                    Kind::Whole => leases.store.renew(&name, fence).await,
+                    Kind::Part => leases.store.renew_part(&name, fence).await,
+                };
+                (name, fence, kind, started, renewed)
             });
         }
         while let Some(joined) = renewals.join_next().await {
             // A renewal task panics only on a bug in the store; its lease then runs out.
-            let Ok((name, fence, started, renewed)) = joined else {
+            let Ok((name, fence, kind, started, renewed)) = joined else {
                 continue;
             };
             match renewed {
-                Ok(true) => self.renewed(&name, fence, started),
-                Ok(false) => self.lose(&name, fence, "the lease is no longer ours"),
+                Ok(true) => self.renewed(&name, fence, kind, started),
+                Ok(false) => self.lose(&name, fence, kind, "the lease is no longer ours"),
                 Err(error) => {
                     let expired = self
-                        .held_mut(&mut self.keys(), &name, fence)
-                        .is_some_and(|held| held.validity.borrow().is_lost());
+                        .validity_of(&mut self.keys(), &name, fence, kind)
+                        .is_some_and(|validity| validity.borrow().is_lost());
                     if expired {
-                        self.lose(&name, fence, "the lease could not be renewed in time");
+                        self.lose(&name, fence, kind, "the lease could not be renewed in time");
                     } else {
                         tracing::debug!(
                             target: "keyed_locks::cluster",
@@ -513,9 +660,9 @@ impl<S: LeaseStore> Leases<S> {
 
     /// A renewal that started at `started` succeeded. One that comes back after the lease it
     /// renewed had run out locally changes nothing: the guard may have acted on "lost".
-    fn renewed(&self, name: &str, fence: Fence, started: Instant) {
-        if let Some(held) = self.held_mut(&mut self.keys(), name, fence) {
-            held.validity.send_if_modified(|validity| {
+    fn renewed(&self, name: &str, fence: Fence, kind: Kind, started: Instant) {
+        if let Some(validity) = self.validity_of(&mut self.keys(), name, fence, kind) {
+            validity.send_if_modified(|validity| {
                 let extends = !validity.is_lost();
                 if extends {
                     validity.until = started + self.lease;
@@ -525,25 +672,53 @@ impl<S: LeaseStore> Leases<S> {
         }
     }
 
-    fn held_mut<'a>(&self, keys: &'a mut KeyMap, name: &str, fence: Fence) -> Option<&'a mut Held> {
-        keys.get_mut(name)?
-            .held
-            .as_mut()
-            .filter(|held| held.fence == fence)
+    /// The sender of the validity of our lease `fence` of `kind` on `name`, if we hold it.
+    fn validity_of<'a>(
+        &self,
+        keys: &'a mut KeyMap,
+        name: &str,
+        fence: Fence,
+        kind: Kind,
+    ) -> Option<&'a watch::Sender<Validity>> {
+        let entry = keys.get_mut(name)?;
+        match kind {
+            Kind::Whole => entry
+                .held
+                .as_ref()
+                .filter(|held| held.fence == fence)
+                .map(|held| &held.validity),
+            Kind::Part => entry
+                .parts
+                .iter()
+                .find(|part| part.fence == fence)
+                .map(|part| &part.validity),
+        }
     }
 
     /// The lease `fence` of `name` is lost: its guards learn it, and the next local holder
     /// acquires a new one.
-    fn lose(&self, name: &str, fence: Fence, why: &str) {
+    fn lose(&self, name: &str, fence: Fence, kind: Kind, why: &str) {
         let mut keys = self.keys();
         let Some(entry) = keys.get_mut(name) else {
             return;
         };
-        let Some(held) = entry.held.take_if(|held| held.fence == fence) else {
-            return;
+        let token = match kind {
+            Kind::Whole => {
+                let Some(held) = entry.held.take_if(|held| held.fence == fence) else {
+                    return;
+                };
+                held.validity.send_modify(|validity| validity.lost = true);
+                fencing_token(fence, held.uses.saturating_sub(1))
+            }
+            Kind::Part => {
+                let Some(at) = entry.parts.iter().position(|part| part.fence == fence) else {
+                    return;
+                };
+                let part = entry.parts.swap_remove(at);
+                part.validity.send_modify(|validity| validity.lost = true);
+                fencing_token(fence, 0)
+            }
         };
-        let token = fencing_token(fence, held.uses.saturating_sub(1));
-        held.validity.send_modify(|validity| validity.lost = true);
         if entry.is_unused() {
             keys.remove(name);
         }
@@ -580,13 +755,20 @@ impl<S: LeaseStore> Leases<S> {
             // but given back (invariant 5), and every guard learns its lease is lost before
             // the table can give the key to another process (invariant 7).
             self.closed.store(true, Ordering::Relaxed);
-            keys.iter_mut()
-                .filter_map(|(name, entry)| {
-                    let held = entry.held.take()?;
-                    held.validity.send_modify(|validity| validity.lost = true);
-                    Some((name.clone(), held.fence))
-                })
-                .collect()
+            let mut held = Vec::new();
+            for (name, entry) in keys.iter_mut() {
+                let whole = entry.held.take().map(|held| (held.fence, held.validity));
+                let parts = entry
+                    .parts
+                    .drain(..)
+                    .map(|part| (part.fence, part.validity));
+                for (fence, validity) in whole.into_iter().chain(parts) {
+                    validity.send_modify(|validity| validity.lost = true);
+                    held.push((name.clone(), fence));
+                }
+            }
+            keys.retain(|_, entry| !entry.is_unused());
+            held
         };
         for (name, fence) in &held {
             self.record(name, LeaseEvent::Released(*fence));
@@ -600,10 +782,13 @@ impl<S: LeaseStore> Leases<S> {
         }
     }
 
-    /// Local keys with an entry, and leases held (for stats).
+    /// Local keys with an entry, and leases held, whole and part (for stats).
     pub(crate) fn counts(&self) -> (usize, usize) {
         let keys = self.keys();
-        let held = keys.values().filter(|entry| entry.held.is_some()).count();
+        let held = keys
+            .values()
+            .map(|entry| usize::from(entry.held.is_some()) + entry.parts.len())
+            .sum();
         (keys.len(), held)
     }
 }
@@ -617,6 +802,9 @@ pub(crate) trait LocalUsers: Send + Sync {
 
     /// A local caller of `name` is done (its guard or its `lock` future dropped).
     fn withdraw(self: Arc<Self>, name: &str);
+
+    /// The [`PartLease`] of `fence` on `name` was dropped: the part goes back (invariant 8).
+    fn give_back_part(self: Arc<Self>, name: &str, fence: Fence);
 }
 
 impl<S: LeaseStore> LocalUsers for Leases<S> {
@@ -650,6 +838,44 @@ impl<S: LeaseStore> LocalUsers for Leases<S> {
             self.spawn_release(name.to_owned(), held.fence);
         }
     }
+
+    fn give_back_part(self: Arc<Self>, name: &str, fence: Fence) {
+        let mut keys = self.keys();
+        let part = keys.get_mut(name).and_then(|entry| {
+            let at = entry.parts.iter().position(|part| part.fence == fence)?;
+            Some(entry.parts.swap_remove(at))
+        });
+        drop(keys);
+        // Lost before the release is sent (invariant 7); a part already lost (not renewed,
+        // or released at shutdown) is released all the same: it may still be in the table.
+        if let Some(part) = part {
+            part.validity.send_modify(|validity| validity.lost = true);
+        }
+        if !self.closed.load(Ordering::Relaxed) {
+            self.spawn_release_of(name.to_owned(), fence, Kind::Part);
+        }
+    }
+}
+
+/// A part lease held for one local guard; dropping it gives the part back (invariant 8).
+pub(crate) struct PartLease {
+    users: Arc<dyn LocalUsers>,
+    name: String,
+    pub(crate) fence: Fence,
+    pub(crate) validity: watch::Receiver<Validity>,
+}
+
+impl PartLease {
+    /// The fencing token of its guard: the first and only use of its fence.
+    pub(crate) fn fencing_token(&self) -> u64 {
+        fencing_token(self.fence, 0)
+    }
+}
+
+impl Drop for PartLease {
+    fn drop(&mut self) {
+        Arc::clone(&self.users).give_back_part(&self.name, self.fence);
+    }
 }
 
 /// A local caller's interest in a key (invariant 2), withdrawn on drop.
@@ -681,9 +907,16 @@ impl Drop for Interest {
     }
 }
 
+/// Which kind of lease a statement acts on.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Whole,
+    Part,
+}
+
 /// Which statement an acquisition attempt sends.
 #[derive(Debug, Clone, Copy)]
-enum Ask {
+pub(crate) enum Ask {
     /// `acquire`: refused only while another process holds the key, and then it is wanted.
     Acquire,
     /// `try_acquire`: refused too while another process waits, and it changes nothing then.

@@ -4,6 +4,8 @@
 //! runs it on the in-memory store, so that both run the same code.
 
 use std::fmt;
+use std::future::Future;
+use std::num::NonZeroU32;
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,8 +14,10 @@ use tokio::sync::Notify;
 
 use crate::cluster::locking::guard::ClusterGuard;
 use crate::cluster::locking::lease_store::LeaseStore;
-use crate::cluster::locking::leases::{Interest, Lease, Leases, Next};
-use crate::error::{LockError, TryLockError};
+use crate::cluster::locking::leases::{
+    AcquireFailed, Ask, Interest, Lease, Leases, Next, PartLease,
+};
+use crate::error::{LockError, PermitsError, TryLockError, TryPermitsError};
 use crate::key::LockKey;
 use crate::registry::LockRegistry;
 
@@ -80,14 +84,8 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
                 Ok(Some(lease)) => lease,
                 // Held or waited for by another process.
                 Ok(None) => return Err(TryLockError::WouldBlock),
-                // Whether it is free cannot be known now; a try does not wait to find out.
                 Err(failed) => {
-                    tracing::warn!(
-                        target: "keyed_locks::cluster",
-                        key = %interest.name(),
-                        error = %failed.0,
-                        "could not ask for a lease; the try is refused"
-                    );
+                    warn_try_failed(interest.name(), &failed);
                     return Err(TryLockError::WouldBlock);
                 }
             },
@@ -95,21 +93,93 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
         Ok(ClusterGuard::new(local, lease, interest))
     }
 
-    /// Holds the lease for the local holder of `interest`'s key.
+    /// As [`ClusterRegistry::acquire`](crate::ClusterRegistry::acquire), which documents it.
+    pub(crate) async fn acquire(
+        &self,
+        key: K,
+        permits: u32,
+    ) -> Result<ClusterGuard<K>, PermitsError> {
+        let Some(part) = self.part_of_capacity(permits)? else {
+            return self
+                .lock(key)
+                .await
+                .map_err(|LockError::Closed| PermitsError::Closed);
+        };
+        let interest = self.leases.register(&key.to_string());
+        let local = self.local.acquire(key, permits).await?;
+        let lease = self
+            .part_lease_for(&interest, part)
+            .await
+            .map_err(|LockError::Closed| PermitsError::Closed)?;
+        Ok(ClusterGuard::with_part(local, lease, interest))
+    }
+
+    /// As [`ClusterRegistry::try_acquire`](crate::ClusterRegistry::try_acquire), which
+    /// documents it.
+    pub(crate) async fn try_acquire(
+        &self,
+        key: K,
+        permits: u32,
+    ) -> Result<ClusterGuard<K>, TryPermitsError> {
+        let part = self
+            .part_of_capacity(permits)
+            .map_err(|error| match error {
+                PermitsError::OutOfRange {
+                    requested,
+                    capacity,
+                } => TryPermitsError::OutOfRange {
+                    requested,
+                    capacity,
+                },
+                PermitsError::Closed => TryPermitsError::Closed,
+            })?;
+        let Some(part) = part else {
+            return self.try_lock(key).await.map_err(|error| match error {
+                TryLockError::WouldBlock => TryPermitsError::WouldBlock,
+                TryLockError::Closed => TryPermitsError::Closed,
+            });
+        };
+        let interest = self.leases.register(&key.to_string());
+        let local = self.local.try_acquire(key, permits).await?;
+        // The process's idle whole lease goes back first (the store refuses parts beside
+        // it); until its release lands the key is held, and a try does not wait for that.
+        if self.leases.give_back_whole(interest.name()).is_some() {
+            return Err(TryPermitsError::WouldBlock);
+        }
+        match self
+            .leases
+            .acquire_part(interest.name(), part, Ask::Try)
+            .await
+        {
+            Ok(Some(lease)) => Ok(ClusterGuard::with_part(local, lease, interest)),
+            Ok(None) => Err(TryPermitsError::WouldBlock),
+            Err(failed) => {
+                warn_try_failed(interest.name(), &failed);
+                Err(TryPermitsError::WouldBlock)
+            }
+        }
+    }
+
+    /// `permits` as a part lease takes them: `None` for all of them (a whole lease), or
+    /// out of range as the local registry says.
+    fn part_of_capacity(&self, permits: u32) -> Result<Option<NonZeroU32>, PermitsError> {
+        let capacity = self.local.capacity();
+        match NonZeroU32::new(permits) {
+            Some(part) if part < capacity => Ok(Some(part)),
+            Some(all) if all == capacity => Ok(None),
+            _ => Err(PermitsError::OutOfRange {
+                requested: permits,
+                capacity: capacity.get(),
+            }),
+        }
+    }
+
+    /// Holds the whole lease for the local holder of `interest`'s key.
     async fn lease_for(&self, interest: &Interest) -> Result<Lease, LockError> {
         let leases = &self.leases;
-        let mut retry_delay = FIRST_RETRY_DELAY;
-        loop {
-            // Listening before asking: a release announced in between is not slept through.
-            let mut released = pin!(interest.released().notified());
-            released.as_mut().enable();
-            let mut closing = pin!(self.closing.notified());
-            closing.as_mut().enable();
-            if self.local.is_closed() {
-                return Err(LockError::Closed);
-            }
+        self.wait_for_lease(interest, || async move {
             match leases.next_for_holder(interest.name()) {
-                Next::Use(lease) => return Ok(lease),
+                Next::Use(lease) => return Ok(Some(lease)),
                 Next::Acquire {
                     after_release: None,
                 } => {}
@@ -123,7 +193,53 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
                     tokio::time::sleep((2 * round_trip).max(Duration::from_millis(1))).await;
                 }
             }
-            match leases.acquire(interest.name()).await {
+            leases.acquire(interest.name()).await
+        })
+        .await
+    }
+
+    /// Holds a part lease of `permits` for the local holder of `interest`'s key.
+    async fn part_lease_for(
+        &self,
+        interest: &Interest,
+        permits: NonZeroU32,
+    ) -> Result<PartLease, LockError> {
+        let leases = &self.leases;
+        self.wait_for_lease(interest, || async move {
+            if let Some(release) = leases.give_back_whole(interest.name()) {
+                // Its release's notice wakes nobody here: the process was not refused.
+                let _round_trip = release.await;
+            }
+            leases
+                .acquire_part(interest.name(), permits, Ask::Acquire)
+                .await
+        })
+        .await
+    }
+
+    /// Makes `attempt`s (each a step toward holding a lease, usually one statement) until one
+    /// holds it: after a refusal, when the key's release is announced or a poll interval has
+    /// passed; after a failed statement, after a delay that doubles.
+    async fn wait_for_lease<T, Attempt>(
+        &self,
+        interest: &Interest,
+        mut attempt: impl FnMut() -> Attempt,
+    ) -> Result<T, LockError>
+    where
+        Attempt: Future<Output = Result<Option<T>, AcquireFailed>>,
+    {
+        let leases = &self.leases;
+        let mut retry_delay = FIRST_RETRY_DELAY;
+        loop {
+            // Listening before asking: a release announced in between is not slept through.
+            let mut released = pin!(interest.released().notified());
+            released.as_mut().enable();
+            let mut closing = pin!(self.closing.notified());
+            closing.as_mut().enable();
+            if self.local.is_closed() {
+                return Err(LockError::Closed);
+            }
+            match attempt().await {
                 Ok(Some(lease)) => return Ok(lease),
                 Ok(None) => {
                     // `biased` here and below: the branches are tried in the order written,
@@ -159,4 +275,15 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
         self.closing.notify_waiters();
         self.leases.release_everything().await;
     }
+}
+
+/// A try's statement failed: whether the key is free cannot be known now, and a try does not
+/// wait to find out, so it is refused.
+fn warn_try_failed(name: &str, failed: &AcquireFailed) {
+    tracing::warn!(
+        target: "keyed_locks::cluster",
+        key = %name,
+        error = %failed.0,
+        "could not ask for a lease; the try is refused"
+    );
 }

@@ -3,6 +3,7 @@
 //! outlast a missed heartbeat.
 
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,8 @@ pub(crate) struct PgLeaseConfig {
     pub connect_timeout: Duration,
     /// The application's own TLS configuration, used instead of the one `sslmode` asks for.
     pub tls_config: Option<Arc<ClientConfig>>,
+    /// Permits per key; every store of a table must give the table's.
+    pub capacity: NonZeroU32,
 }
 
 impl PgLeaseConfig {
@@ -54,6 +57,7 @@ impl PgLeaseConfig {
             heartbeat: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             tls_config: None,
+            capacity: NonZeroU32::MIN,
         }
     }
 
@@ -67,6 +71,7 @@ impl PgLeaseConfig {
             table,
             lease: self.lease,
             heartbeat: self.heartbeat,
+            capacity: self.capacity,
         })
     }
 }
@@ -82,6 +87,7 @@ impl fmt::Debug for PgLeaseConfig {
             .field("heartbeat", &self.heartbeat)
             .field("connect_timeout", &self.connect_timeout)
             .field("tls_config", &self.tls_config.is_some())
+            .field("capacity", &self.capacity)
             .finish()
     }
 }
@@ -93,6 +99,7 @@ pub(crate) struct Checked {
     pub(crate) table: LeaseTable,
     pub(crate) lease: Duration,
     pub(crate) heartbeat: Duration,
+    pub(crate) capacity: NonZeroU32,
 }
 
 /// Lease timing: a renewal that fails (or times out, after a heartbeat) leaves time for the next

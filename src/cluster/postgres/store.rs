@@ -52,6 +52,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,7 +63,7 @@ use tokio_postgres::{Client, Row};
 
 use crate::cluster::error::{ClusterError, LeaseError};
 use crate::cluster::locking::entropy::random_u64;
-use crate::cluster::locking::lease_store::{Fence, LeaseStore, check_key};
+use crate::cluster::locking::lease_store::{Fence, LeaseStore, check_key, check_part};
 use crate::cluster::locking::notices::LeaseNotices;
 use crate::cluster::postgres::batch::{Batched, Batcher};
 use crate::cluster::postgres::config::{LeaseTable, PgLeaseConfig};
@@ -87,6 +88,8 @@ struct StoreCore {
     statements: Statements,
     /// The lease in whole milliseconds, as the statements take it.
     lease_millis: i64,
+    /// Permits per key, the same as the table's (checked at connect).
+    capacity: NonZeroU32,
     link: StatementLink,
 }
 
@@ -154,7 +157,14 @@ impl PgLeaseStore {
             client,
             connection,
         );
-        let setup = set_up_tables(&client, &checked.table, &statements, &owner, lease_millis);
+        let setup = set_up_tables(
+            &client,
+            &checked.table,
+            &statements,
+            &owner,
+            lease_millis,
+            checked.capacity,
+        );
         match tokio::time::timeout(server.connect_timeout(), setup).await {
             Ok(result) => result?,
             Err(_elapsed) => return Err(server.timed_out()),
@@ -168,6 +178,7 @@ impl PgLeaseStore {
             table: checked.table,
             statements,
             lease_millis,
+            capacity: checked.capacity,
             link,
         });
         let store = PgLeaseStore {
@@ -221,6 +232,7 @@ impl StoreCore {
             renewing: Vec::new(),
             lease_millis: self.lease_millis,
             channel: self.table.name(),
+            capacity: capacity_column(self.capacity),
         }
     }
 
@@ -316,6 +328,96 @@ impl LeaseStore for PgLeaseStore {
             .await
     }
 
+    async fn acquire_part(
+        &self,
+        key: &str,
+        permits: NonZeroU32,
+    ) -> Result<Option<Fence>, LeaseError> {
+        check_key(key)?;
+        let core = &self.core;
+        check_part(permits, core.capacity)?;
+        let request = PartRequest {
+            key,
+            permits: capacity_column(permits),
+            // Random, so that no two requests of any process share one.
+            ticket: random_u64().cast_signed(),
+        };
+        let values = core.values();
+        let rows = core
+            .query_above_floor(
+                &core.statements.acquire_part,
+                &values.acquire_part(&request),
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            // In the quiet time after a crash nothing is proposed, so nothing is taken.
+            return Ok(None);
+        };
+        let taken: bool = row.try_get("taken").map_err(LeaseError::Statement)?;
+        if taken {
+            fence_of(row).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    async fn try_acquire_part(
+        &self,
+        key: &str,
+        permits: NonZeroU32,
+    ) -> Result<Option<Fence>, LeaseError> {
+        check_key(key)?;
+        let core = &self.core;
+        check_part(permits, core.capacity)?;
+        let request = PartRequest {
+            key,
+            permits: capacity_column(permits),
+            ticket: 0,
+        };
+        let values = core.values();
+        let rows = core
+            .query_above_floor(
+                &core.statements.try_acquire_part,
+                &values.try_acquire_part(&request),
+            )
+            .await?;
+        rows.first().map(fence_of).transpose()
+    }
+
+    async fn renew_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        check_key(key)?;
+        let Ok(fence) = i64::try_from(fence) else {
+            return Ok(false);
+        };
+        let core = &self.core;
+        let values = core.values();
+        let rows = core
+            .link
+            .query(
+                &core.statements.renew_part,
+                &values.renew_part(&key, &fence),
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn release_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        check_key(key)?;
+        let Ok(fence) = i64::try_from(fence) else {
+            return Ok(false);
+        };
+        let core = &self.core;
+        let values = core.values();
+        let rows = core
+            .link
+            .query(
+                &core.statements.release_part,
+                &values.release_part(&key, &fence),
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
     async fn release(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
         self.change_lease(key, fence, |key, fence| Change::Release { key, fence })
             .await
@@ -363,14 +465,31 @@ struct Statements {
     /// under its fence, announcing it if wanted (invariants 3, 4). Returns `(key, fence,
     /// taken)` for each row it changed.
     apply: String,
-    /// `$1` one key, `$3` lease in milliseconds. Takes the row if free, expired or ours, and
-    /// not wanted by an acquisition refused less than a lease before its last lease ended
-    /// (invariant 5); otherwise changes nothing. Returns `fence` if it took the row.
+    /// `$1` one key, `$3` lease in milliseconds. Takes the row if free, expired or ours, with
+    /// no live part lease, not wanted by an acquisition refused less than a lease before its
+    /// last lease ended, and with no live waiting mark (invariant 5); otherwise changes
+    /// nothing. Returns `fence` if it took the row.
     try_acquire: String,
-    /// `$1` owner, `$2` channel. Returns a row per lease released (invariant 4).
+    /// `$1` key, `$2` owner, `$3` lease in milliseconds, `$4` channel, `$5` permits, `$6`
+    /// capacity, `$7` the request's ticket. Takes a part lease if it fits (invariant 6) and no
+    /// larger request waits (invariant 7), else records the refusal; announces a grant that
+    /// leaves permits free on a wanted key. Returns `(fence, taken)`.
+    acquire_part: String,
+    /// As `acquire_part` (without a ticket), and only if no request's refusal counts now
+    /// (invariant 5); a refusal changes nothing. Returns `fence` if it took a part lease.
+    try_acquire_part: String,
+    /// `$1` key, `$2` owner, `$3` lease in milliseconds, `$4` fence. Extends our live part
+    /// lease; returns a row if it did.
+    renew_part: String,
+    /// `$1` key, `$2` owner, `$3` fence, `$4` channel. Ends our part lease, announcing it if
+    /// wanted; returns a row if it did.
+    release_part: String,
+    /// `$1` owner, `$2` channel. Ends every lease of ours, whole and part; returns a row per
+    /// key it changed (invariant 4).
     release_all: String,
-    /// `$1` this store's lease in milliseconds. Makes the row of `{prefix}fences` if missing,
-    /// with `run`'s row beside it, and records the longest lease. At connect.
+    /// `$1` this store's lease in milliseconds, `$2` its capacity. Makes the row of
+    /// `{prefix}fences` if missing, with `run`'s row beside it, and records the longest lease.
+    /// Returns the table's capacity. At connect.
     record_store: String,
     /// No parameters; two statements, for the simple protocol. Raises the fence floor and
     /// starts the quiet time if the server has crashed since `run`'s row was made. On every
@@ -394,13 +513,23 @@ struct Values<'a> {
     renewing: Vec<bool>,
     lease_millis: i64,
     channel: &'a str,
+    capacity: i32,
+}
+
+/// A part lease asked for: its key, its permits, and a ticket of its own, by which the
+/// statement's answer says whether this request took it (a refusal leaves the row's fence as
+/// it was, which may be a part of ours granted before).
+struct PartRequest<'a> {
+    key: &'a str,
+    permits: i32,
+    ticket: i64,
 }
 
 /// A statement's parameters with their types, as `query_typed` takes them.
 type Params<'v, const N: usize> = [(&'v (dyn ToSql + Sync), Type); N];
 
 impl Values<'_> {
-    fn apply(&self) -> Params<'_, 6> {
+    fn apply(&self) -> Params<'_, 7> {
         [
             (&self.keys, Type::TEXT_ARRAY),
             (&self.owner, Type::TEXT),
@@ -408,6 +537,48 @@ impl Values<'_> {
             (&self.channel, Type::TEXT),
             (&self.fences, Type::INT8_ARRAY),
             (&self.renewing, Type::BOOL_ARRAY),
+            (&self.capacity, Type::INT4),
+        ]
+    }
+
+    fn acquire_part<'v>(&'v self, part: &'v PartRequest<'v>) -> Params<'v, 7> {
+        [
+            (&part.key, Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (&self.lease_millis, Type::INT8),
+            (&self.channel, Type::TEXT),
+            (&part.permits, Type::INT4),
+            (&self.capacity, Type::INT4),
+            (&part.ticket, Type::INT8),
+        ]
+    }
+
+    fn try_acquire_part<'v>(&'v self, part: &'v PartRequest<'v>) -> Params<'v, 6> {
+        [
+            (&part.key, Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (&self.lease_millis, Type::INT8),
+            (&self.channel, Type::TEXT),
+            (&part.permits, Type::INT4),
+            (&self.capacity, Type::INT4),
+        ]
+    }
+
+    fn renew_part<'v>(&'v self, key: &'v &'v str, fence: &'v i64) -> Params<'v, 4> {
+        [
+            (key, Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (&self.lease_millis, Type::INT8),
+            (fence, Type::INT8),
+        ]
+    }
+
+    fn release_part<'v>(&'v self, key: &'v &'v str, fence: &'v i64) -> Params<'v, 4> {
+        [
+            (key, Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (fence, Type::INT8),
+            (&self.channel, Type::TEXT),
         ]
     }
 
@@ -440,9 +611,10 @@ impl Statements {
         // What `apply` does to a row that exists (the first acquisition inserts it at the
         // floor). The proposed row says which change: owner NULL, a release; `wanted` true, a
         // renewal; else an acquisition.
-        // - An acquisition takes the row if free, expired or ours (invariants 1, 2), or else
-        //   marks it wanted, so that its release is announced (invariant 4). Taking it from
-        //   another owner clears the mark.
+        // - An acquisition takes the row if free, expired or ours, with no live part lease
+        //   (invariants 1, 2, 6), or else marks it wanted, so that its release is announced
+        //   (invariant 4), and records a waiting mark of the whole capacity, the largest
+        //   request there is (invariant 7). Taking it from another owner clears both marks.
         // - A renewal extends the lease only if it is ours under its fence and live, a
         //   release frees it only if it is ours under its fence (invariant 3); both leave
         //   `wanted` as it is, for the release's announcement.
@@ -452,8 +624,15 @@ impl Statements {
         let releasing = "excluded.owner IS NULL";
         let renewing = "excluded.wanted";
         let acquiring = "(excluded.owner IS NOT NULL AND NOT excluded.wanted)";
-        let free = "(held.owner IS NULL OR held.owner = excluded.owner \
-                     OR held.expires_at <= statement_timestamp())";
+        let no_live_parts = "NOT EXISTS (SELECT FROM unnest(held.part_until) AS part(until) \
+                             WHERE part.until > statement_timestamp())";
+        let free = format!(
+            "((held.owner IS NULL OR held.owner = excluded.owner \
+               OR held.expires_at <= statement_timestamp()) AND {no_live_parts})"
+        );
+        let lease = "$3 * interval '1 millisecond'";
+        // A waiting mark counts until its time (invariant 7).
+        let mark_live = "coalesce(held.waiting_until > statement_timestamp(), false)";
         let change_row = format!(
             "ON CONFLICT (key) DO UPDATE \
              SET owner = CASE WHEN {releasing} THEN NULL \
@@ -468,11 +647,72 @@ impl Statements {
                  wanted = CASE WHEN NOT {acquiring} THEN held.wanted \
                                WHEN {free} \
                                THEN coalesce(held.owner = excluded.owner AND held.wanted, false) \
-                               ELSE true END \
+                               ELSE true END, \
+                 waiting_permits = CASE WHEN NOT {acquiring} THEN held.waiting_permits \
+                                        WHEN {free} THEN 0 ELSE $7 END, \
+                 waiting_until = CASE WHEN NOT {acquiring} THEN held.waiting_until \
+                                      WHEN {free} THEN NULL \
+                                      ELSE clock_timestamp() + {lease} END \
              WHERE {acquiring} \
                 OR (held.owner = $2 AND held.fence = excluded.fence \
                     AND ({releasing} OR held.expires_at > clock_timestamp()))"
         );
+        // Part leases (invariant 6) are the row's four arrays, one element per lease, walked
+        // together; a part lease lives while its `until` is ahead.
+        let parts = "unnest(held.part_owners, held.part_fences, held.part_permits, \
+                     held.part_until) WITH ORDINALITY \
+                     AS part(owner, fence, permits, until, position)";
+        let live_permits = format!(
+            "(SELECT coalesce(sum(part.permits), 0) FROM {parts} \
+              WHERE part.until > statement_timestamp())"
+        );
+        // The parts that stay, in their order: `which` picks them.
+        let array_of = |column: &str, which: &str| {
+            format!("ARRAY(SELECT part.{column} FROM {parts} WHERE {which} ORDER BY part.position)")
+        };
+        let live = "part.until > statement_timestamp()";
+        let not_released = "NOT (part.owner = $2 AND part.fence = $3)";
+        let not_ours = "part.owner <> $1";
+        // A part fits beside no live whole lease (ours counts too: the process gives it back
+        // first), within the capacity, and with no larger request waiting (invariant 7).
+        let larger_waits = format!("({mark_live} AND held.waiting_permits > $5)");
+        let part_fits = format!(
+            "((held.owner IS NULL OR held.expires_at <= statement_timestamp()) \
+              AND {live_permits} + $5 <= $6 AND NOT {larger_waits})"
+        );
+        let next_fence = "GREATEST(held.fence + 1, excluded.fence)";
+        // Taking a part clears the parts that ran out and adds the new one, as proposed.
+        let taken_owners = format!("{} || excluded.part_owners", array_of("owner", live));
+        let taken_fences = format!("{} || {next_fence}", array_of("fence", live));
+        let taken_permits = format!("{} || excluded.part_permits", array_of("permits", live));
+        let taken_until = format!("{} || excluded.part_until", array_of("until", live));
+        let kept_owners = array_of("owner", not_released);
+        let kept_fences = array_of("fence", not_released);
+        let kept_permits = array_of("permits", not_released);
+        let kept_until = array_of("until", not_released);
+        let others_owners = array_of("owner", not_ours);
+        let others_fences = array_of("fence", not_ours);
+        let others_permits = array_of("permits", not_ours);
+        let others_until = array_of("until", not_ours);
+        // Permits held by live parts, on the row as the statement left it (in RETURNING).
+        let permits_after = "(SELECT coalesce(sum(part.permits), 0) \
+              FROM unnest(held.part_permits, held.part_until) AS part(permits, until) \
+              WHERE part.until > statement_timestamp())";
+        // A key never acquired gets its row with the part lease in it, at the floor's fence.
+        let propose_part = |ticket: &str| {
+            format!(
+                "INSERT INTO {table} AS held (key, owner, fence, expires_at, wanted, \
+               part_owners, part_fences, part_permits, part_until, granted_ticket) \
+             SELECT $1, NULL, floor.fence, clock_timestamp(), false, \
+                    ARRAY[$2::text], ARRAY[floor.fence], ARRAY[$5::integer], \
+                    ARRAY[clock_timestamp() + {lease}], {ticket} \
+             FROM (SELECT (SELECT floor FROM {run}) AS fence) AS floor \
+             WHERE coalesce((SELECT quiet_until FROM {run}) <= clock_timestamp(), true)"
+            )
+        };
+        let propose_acquired = propose_part("$7::bigint");
+        // A try needs no ticket: it changes the row only if it takes it.
+        let propose_tried = propose_part("NULL::bigint");
         Statements {
             // "Ours" too: an acquire of ours that was applied but whose reply was lost must not
             // block the key until it runs out. Taking it again with a new fence is safe: the
@@ -527,18 +767,95 @@ impl Statements {
                    SET owner = excluded.owner, \
                        fence = GREATEST(held.fence + 1, excluded.fence), \
                        expires_at = excluded.expires_at, \
-                       wanted = false \
-                   WHERE (held.owner IS NULL OR held.owner = excluded.owner \
-                          OR held.expires_at <= statement_timestamp()) \
+                       wanted = false, waiting_permits = 0, waiting_until = NULL \
+                   WHERE {free} AND NOT {mark_live} \
                      AND NOT (held.wanted AND held.expires_at + $3 * interval '1 millisecond' \
                                               > statement_timestamp()) \
                    RETURNING fence) \
                  SELECT fence, {async_commit} FROM taken"
             ),
+            acquire_part: format!(
+                "WITH taken AS ( \
+                   {propose_acquired} \
+                   ON CONFLICT (key) DO UPDATE \
+                   SET fence = CASE WHEN {part_fits} THEN {next_fence} ELSE held.fence END, \
+                       part_owners = CASE WHEN {part_fits} THEN {taken_owners} \
+                                          ELSE held.part_owners END, \
+                       part_fences = CASE WHEN {part_fits} THEN {taken_fences} \
+                                          ELSE held.part_fences END, \
+                       part_permits = CASE WHEN {part_fits} THEN {taken_permits} \
+                                           ELSE held.part_permits END, \
+                       part_until = CASE WHEN {part_fits} THEN {taken_until} \
+                                         ELSE held.part_until END, \
+                       granted_ticket = CASE WHEN {part_fits} THEN excluded.granted_ticket \
+                                             ELSE held.granted_ticket END, \
+                       wanted = held.wanted OR NOT {part_fits}, \
+                       waiting_permits = CASE WHEN {part_fits} THEN 0 \
+                                              WHEN {larger_waits} THEN held.waiting_permits \
+                                              ELSE $5 END, \
+                       waiting_until = CASE WHEN {part_fits} THEN NULL \
+                                            WHEN {larger_waits} THEN held.waiting_until \
+                                            ELSE clock_timestamp() + {lease} END \
+                   RETURNING key, fence, wanted, coalesce(granted_ticket = $7, false) AS taken, \
+                             {permits_after} AS held_permits) \
+                 SELECT fence, taken, \
+                        CASE WHEN taken AND wanted AND held_permits < $6 \
+                             THEN pg_notify($4, key)::text END AS announced, \
+                        {async_commit} \
+                 FROM taken"
+            ),
+            try_acquire_part: format!(
+                "WITH taken AS ( \
+                   {propose_tried} \
+                   ON CONFLICT (key) DO UPDATE \
+                   SET fence = {next_fence}, \
+                       part_owners = {taken_owners}, \
+                       part_fences = {taken_fences}, \
+                       part_permits = {taken_permits}, \
+                       part_until = {taken_until}, \
+                       granted_ticket = NULL, \
+                       waiting_permits = 0, waiting_until = NULL \
+                   WHERE {part_fits} AND NOT {mark_live} \
+                   RETURNING key, fence, wanted, {permits_after} AS held_permits) \
+                 SELECT fence, \
+                        CASE WHEN wanted AND held_permits < $6 \
+                             THEN pg_notify($4, key)::text END AS announced, \
+                        {async_commit} \
+                 FROM taken"
+            ),
+            renew_part: format!(
+                "WITH renewed AS ( \
+                   UPDATE {table} AS held \
+                   SET part_until = ARRAY(SELECT CASE WHEN part.owner = $2 AND part.fence = $4 \
+                                                      THEN clock_timestamp() + {lease} \
+                                                      ELSE part.until END \
+                                          FROM {parts} ORDER BY part.position) \
+                   WHERE held.key = $1 \
+                     AND EXISTS (SELECT FROM {parts} WHERE part.owner = $2 AND part.fence = $4 \
+                                 AND part.until > clock_timestamp()) \
+                   RETURNING key) \
+                 SELECT key, {async_commit} FROM renewed"
+            ),
+            release_part: format!(
+                "WITH released AS ( \
+                   UPDATE {table} AS held \
+                   SET part_owners = {kept_owners}, part_fences = {kept_fences}, \
+                       part_permits = {kept_permits}, part_until = {kept_until} \
+                   WHERE held.key = $1 \
+                     AND EXISTS (SELECT FROM {parts} WHERE part.owner = $2 AND part.fence = $3) \
+                   RETURNING key, wanted) \
+                 SELECT CASE WHEN wanted THEN pg_notify($4, key)::text END, {async_commit} \
+                 FROM released"
+            ),
             release_all: format!(
                 "WITH released AS ( \
-                   UPDATE {table} SET owner = NULL, expires_at = clock_timestamp() \
-                   WHERE owner = $1 \
+                   UPDATE {table} AS held \
+                   SET owner = CASE WHEN held.owner = $1 THEN NULL ELSE held.owner END, \
+                       expires_at = CASE WHEN held.owner = $1 THEN clock_timestamp() \
+                                         ELSE held.expires_at END, \
+                       part_owners = {others_owners}, part_fences = {others_fences}, \
+                       part_permits = {others_permits}, part_until = {others_until} \
+                   WHERE held.owner = $1 OR $1 = ANY(held.part_owners) \
                    RETURNING key, wanted) \
                  SELECT CASE WHEN wanted THEN pg_notify($2, key)::text END, {async_commit} \
                  FROM released"
@@ -548,16 +865,18 @@ impl Statements {
             // with a longer lease than any before raises `longest_lease_ms`.
             record_store: format!(
                 "WITH recorded AS ( \
-                   INSERT INTO {fences} AS fences (one_row, floor, longest_lease_ms) \
-                   VALUES (true, 1, $1) \
+                   INSERT INTO {fences} AS fences (one_row, floor, longest_lease_ms, capacity) \
+                   VALUES (true, 1, $1, $2) \
                    ON CONFLICT (one_row) DO UPDATE \
                    SET longest_lease_ms = \
                        GREATEST(fences.longest_lease_ms, excluded.longest_lease_ms) \
-                   RETURNING floor, xmax = 0 AS created, \
-                             set_config('synchronous_commit', 'on', true)) \
-                 INSERT INTO {run} (one_row, floor, quiet_until) \
-                 SELECT true, floor, clock_timestamp() FROM recorded WHERE created \
-                 ON CONFLICT (one_row) DO NOTHING"
+                   RETURNING floor, capacity, xmax = 0 AS created, \
+                             set_config('synchronous_commit', 'on', true)), \
+                 run_started AS ( \
+                   INSERT INTO {run} (one_row, floor, quiet_until) \
+                   SELECT true, floor, clock_timestamp() FROM recorded WHERE created \
+                   ON CONFLICT (one_row) DO NOTHING) \
+                 SELECT capacity FROM recorded"
             ),
             // `run` is unlogged: crash recovery empties it, and only crash recovery (a clean
             // shutdown keeps it). Finding it empty, raise the floor above every fence the
@@ -586,6 +905,12 @@ impl Statements {
     }
 }
 
+/// Permits as the table's `integer` columns hold them: a capacity above `i32::MAX` is out of
+/// any table's reach, and counts as its maximum.
+fn capacity_column(permits: NonZeroU32) -> i32 {
+    i32::try_from(permits.get()).unwrap_or(i32::MAX)
+}
+
 fn fence_of(row: &Row) -> Result<Fence, LeaseError> {
     let fence: i64 = row.try_get("fence").map_err(LeaseError::Statement)?;
     // The column's CHECK keeps fences positive; a table made by hand might not.
@@ -605,6 +930,7 @@ async fn set_up_tables(
     statements: &Statements,
     owner: &str,
     lease_millis: i64,
+    capacity: NonZeroU32,
 ) -> Result<(), ClusterError> {
     let leases = table.name().to_owned();
     let fences = table.companion(FENCES_SUFFIX);
@@ -632,12 +958,35 @@ async fn set_up_tables(
     for (name, kind, columns) in columns {
         create_if_missing(client, name, kind, columns).await?;
     }
-    add_wanted_if_missing(client, &leases).await?;
+    // Columns added since the first version of the tables, to tables made before them (and
+    // to new ones, made as the first version was).
+    for (table, added) in [
+        (&leases, ADDED_LEASE_COLUMNS),
+        (&fences, ADDED_FENCES_COLUMNS),
+    ] {
+        for &(column, definition) in added {
+            add_column_if_missing(client, table, column, definition).await?;
+        }
+    }
 
-    client
-        .query_typed(&statements.record_store, &[(&lease_millis, Type::INT8)])
+    let capacity_asked = capacity_column(capacity);
+    let recorded = client
+        .query_typed_one(
+            &statements.record_store,
+            &[(&lease_millis, Type::INT8), (&capacity_asked, Type::INT4)],
+        )
         .await
         .map_err(|error| refusal(&fences, "recording the lease in", error))?;
+    let table_capacity: i32 = recorded
+        .try_get("capacity")
+        .map_err(|error| refusal(&fences, "reading the capacity of", error))?;
+    if table_capacity != capacity_asked {
+        return Err(ClusterError::CapacityMismatch {
+            table: leases,
+            table_capacity: u32::try_from(table_capacity).unwrap_or(0),
+            asked: capacity.get(),
+        });
+    }
     // It reads the lease table too (its highest fence), and fails on any of the three.
     client
         .batch_execute(&statements.check_run)
@@ -655,29 +1004,53 @@ async fn set_up_tables(
         .map_err(|error| refusal(&leases, "checking table", error))
 }
 
-/// Adds the `wanted` column to a lease table made before it existed. Asking first lets a role
-/// that does not own the table use one that has it.
-async fn add_wanted_if_missing(client: &Client, leases: &str) -> Result<(), ClusterError> {
-    let quoted = format!("\"{leases}\"");
+/// The lease table's columns added after its first version: `wanted` (invariant 4), the part
+/// leases (invariant 6), the waiting mark (invariant 7), and the ticket of the last part
+/// granted.
+const ADDED_LEASE_COLUMNS: &[(&str, &str)] = &[
+    ("wanted", "boolean NOT NULL DEFAULT false"),
+    ("part_owners", "text[] NOT NULL DEFAULT '{}'"),
+    ("part_fences", "bigint[] NOT NULL DEFAULT '{}'"),
+    ("part_permits", "integer[] NOT NULL DEFAULT '{}'"),
+    ("part_until", "timestamptz[] NOT NULL DEFAULT '{}'"),
+    ("waiting_permits", "integer NOT NULL DEFAULT 0"),
+    ("waiting_until", "timestamptz"),
+    ("granted_ticket", "bigint"),
+];
+
+/// The fences table's columns added after its first version: the permits per key, one for a
+/// table made before permits (every lease then took the whole key).
+const ADDED_FENCES_COLUMNS: &[(&str, &str)] = &[(
+    "capacity",
+    "integer NOT NULL DEFAULT 1 CHECK (capacity > 0)",
+)];
+
+/// Adds `column` to `table` if it lacks it. Asking first lets a role that does not own the
+/// table use one that has it.
+async fn add_column_if_missing(
+    client: &Client,
+    table: &str,
+    column: &str,
+    definition: &str,
+) -> Result<(), ClusterError> {
+    let quoted = format!("\"{table}\"");
     let missing = client
         .query_typed_one(
             "SELECT NOT EXISTS (SELECT FROM pg_attribute \
-             WHERE attrelid = to_regclass($1) AND attname = 'wanted' AND NOT attisdropped)",
-            &[(&quoted, Type::TEXT)],
+             WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
+            &[(&quoted, Type::TEXT), (&column, Type::TEXT)],
         )
         .await
         .and_then(|row| row.try_get::<_, bool>(0))
-        .map_err(|error| refusal(leases, "looking at table", error))?;
+        .map_err(|error| refusal(table, "looking at table", error))?;
     if !missing {
         return Ok(());
     }
-    let alter = format!(
-        "ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS wanted boolean NOT NULL DEFAULT false"
-    );
+    let alter = format!("ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS {column} {definition}");
     client
         .batch_execute(&alter)
         .await
-        .map_err(|error| refusal(leases, "adding column \"wanted\" to", error))
+        .map_err(|error| refusal(table, &format!("adding column {column:?} to"), error))
 }
 
 /// Creates table `name` (a checked identifier) of `kind` ("" or "UNLOGGED") with `columns`,
@@ -734,6 +1107,8 @@ async fn probe(
         renewing: vec![false],
         lease_millis,
         channel: table.name(),
+        // The statements as a table of two permits per key runs them: a part lease fits.
+        capacity: 2,
     };
     // Nothing is taken in the quiet time after a crash; the other statements run all the same.
     let taken = client
@@ -757,6 +1132,36 @@ async fn probe(
     };
     client
         .query_typed(&statements.apply, &release.apply())
+        .await?;
+    let part = PartRequest {
+        key: &key,
+        permits: 1,
+        ticket: 1,
+    };
+    let taken = client
+        .query_typed(&statements.acquire_part, &release.acquire_part(&part))
+        .await?;
+    let part_fence: i64 = match taken.first() {
+        Some(row) => row.try_get("fence")?,
+        None => 1,
+    };
+    client
+        .query_typed(
+            &statements.try_acquire_part,
+            &release.try_acquire_part(&part),
+        )
+        .await?;
+    client
+        .query_typed(
+            &statements.renew_part,
+            &release.renew_part(&part.key, &part_fence),
+        )
+        .await?;
+    client
+        .query_typed(
+            &statements.release_part,
+            &release.release_part(&part.key, &part_fence),
+        )
         .await?;
     client
         .query_typed(&statements.release_all, &release.release_all())

@@ -6,6 +6,7 @@
 //! expiry), as the backend reads it. Leases that must run out are [`SHORT_LEASE`], slept past
 //! by [`PAST_SHORT_LEASE`]; the others [`LONG_LEASE`], which outlives any test.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use tokio::time::{sleep, timeout};
@@ -23,13 +24,29 @@ pub(crate) const BOUND: Duration = Duration::from_secs(10);
 /// A lease row as a backend reads it: its owner (`None` once released) and its fence.
 pub(crate) type RowView = (Option<String>, Fence);
 
+/// A part lease as a backend reads it: owner, fence, permits.
+pub(crate) type PartView = (String, Fence, u32);
+
 /// One kind of lease store, as the contract tests make and inspect it.
 pub(crate) trait Backend: Sized {
     type Store: LeaseStore;
 
-    /// A fresh table, named after `test` where tables have names, and one store on it per
-    /// lease length in `leases`, each its own owner, with its notices.
-    async fn stores(test: &str, leases: &[Duration]) -> (Self, Vec<(Self::Store, LeaseNotices)>);
+    /// A fresh table of `capacity` permits per key, named after `test` where tables have
+    /// names, and one store on it per lease length in `leases`, each its own owner, with its
+    /// notices.
+    async fn stores_with_capacity(
+        test: &str,
+        capacity: NonZeroU32,
+        leases: &[Duration],
+    ) -> (Self, Vec<(Self::Store, LeaseNotices)>);
+
+    /// As [`stores_with_capacity`](Self::stores_with_capacity), with one permit per key.
+    async fn stores(test: &str, leases: &[Duration]) -> (Self, Vec<(Self::Store, LeaseNotices)>) {
+        Self::stores_with_capacity(test, NonZeroU32::MIN, leases).await
+    }
+
+    /// `key`'s part leases, live or run out, in the order they were taken.
+    async fn parts(&self, key: &str) -> Vec<PartView>;
 
     /// The owner id that `store` writes in its rows.
     fn owner(store: &Self::Store) -> String;
@@ -63,6 +80,15 @@ macro_rules! contract_tests {
             a_release_is_announced_to_every_store,
             a_try_takes_a_free_key_and_a_refused_try_changes_nothing,
             a_try_leaves_a_released_key_to_its_waiter_for_a_lease,
+            parts_share_a_key_up_to_its_capacity_each_under_a_fence_of_its_own,
+            a_whole_lease_and_part_leases_exclude_each_other,
+            a_refused_larger_request_holds_back_smaller_ones_until_it_is_served,
+            a_part_lease_runs_out_and_its_permits_come_back,
+            only_its_owner_renews_or_releases_a_part_and_only_while_it_is_there,
+            a_part_release_is_announced_when_a_request_waits,
+            a_try_of_a_part_leaves_the_key_to_a_waiter_and_changes_nothing,
+            release_all_releases_our_parts_too,
+            a_part_of_no_permits_or_of_the_whole_capacity_is_refused,
         );
     };
     (@each #[$test:meta] $backend:ty; $($rule:ident),* $(,)?) => {
@@ -307,7 +333,7 @@ pub(crate) async fn a_try_takes_a_free_key_and_a_refused_try_changes_nothing<B: 
 pub(crate) async fn a_try_leaves_a_released_key_to_its_waiter_for_a_lease<B: Backend>() {
     // The tryer's lease is short: a waiting mark counts for one of its leases after the release.
     let (backend, [holder, waiter, tryer]) =
-        three::<B>("try_waiter", [LONG_LEASE, LONG_LEASE, SHORT_LEASE]).await;
+        three::<B>("try_waiter", [LONG_LEASE, SHORT_LEASE, SHORT_LEASE]).await;
     assert_eq!(acquired(&holder, "k").await, 1);
     assert_eq!(
         waiter.acquire("k").await.ok(),
@@ -327,4 +353,205 @@ pub(crate) async fn a_try_leaves_a_released_key_to_its_waiter_for_a_lease<B: Bac
     // Taking it cleared the mark: the next holder's release is free for a try at once.
     assert_eq!(tryer.release("k", 2).await.ok(), Some(true));
     assert_eq!(waiter.try_acquire("k").await.ok(), Some(Some(3)));
+}
+
+// Part leases (invariants 6 and 7 of the stores).
+
+fn permits(count: u32) -> NonZeroU32 {
+    NonZeroU32::new(count).expect("a test asks for at least one permit")
+}
+
+async fn part<S: LeaseStore>(store: &S, key: &str, count: u32) -> Fence {
+    match store.acquire_part(key, permits(count)).await {
+        Ok(Some(fence)) => fence,
+        other => panic!("part of {count} of {key:?}: {other:?}"),
+    }
+}
+
+/// Three stores on a table of `capacity` permits per key, with the given leases.
+async fn three_sharing<B: Backend>(
+    test: &str,
+    capacity: u32,
+    leases: [Duration; 3],
+) -> (B, [(B::Store, LeaseNotices); 3]) {
+    let (backend, stores) = B::stores_with_capacity(test, permits(capacity), &leases).await;
+    match <[(B::Store, LeaseNotices); 3]>::try_from(stores) {
+        Ok(stores) => (backend, stores),
+        Err(_) => panic!("the backend made other than three stores"),
+    }
+}
+
+pub(crate) async fn parts_share_a_key_up_to_its_capacity_each_under_a_fence_of_its_own<
+    B: Backend,
+>() {
+    let (backend, [(a, _), (b, _), (c, _)]) =
+        three_sharing::<B>("parts_share", 3, [LONG_LEASE; 3]).await;
+    assert_eq!(part(&a, "k", 2).await, 1);
+    assert_eq!(part(&b, "k", 1).await, 2);
+    assert_eq!(
+        c.acquire_part("k", permits(1)).await.ok(),
+        Some(None),
+        "3 of 3 held"
+    );
+    assert_eq!(
+        backend.parts("k").await,
+        vec![(B::owner(&a), 1, 2), (B::owner(&b), 2, 1)]
+    );
+    assert_eq!(b.release_part("k", 2).await.ok(), Some(true));
+    assert_eq!(part(&c, "k", 1).await, 3);
+    // One owner may hold several parts of a key, each its own.
+    assert_eq!(b.acquire_part("k", permits(1)).await.ok(), Some(None));
+    assert_eq!(a.release_part("k", 1).await.ok(), Some(true));
+    assert_eq!(part(&c, "k", 1).await, 4);
+    assert_eq!(backend.row("k").await, Some((None, 4)));
+}
+
+pub(crate) async fn a_whole_lease_and_part_leases_exclude_each_other<B: Backend>() {
+    let (_backend, [(a, _), (b, _), _]) =
+        three_sharing::<B>("whole_and_parts", 2, [LONG_LEASE; 3]).await;
+    assert_eq!(acquired(&a, "k").await, 1);
+    assert_eq!(b.acquire_part("k", permits(1)).await.ok(), Some(None));
+    // Our own whole lease counts too: a process gives it back before it takes parts.
+    assert_eq!(a.acquire_part("k", permits(1)).await.ok(), Some(None));
+    assert_eq!(a.release("k", 1).await.ok(), Some(true));
+    assert_eq!(part(&b, "k", 1).await, 2);
+    assert_eq!(a.acquire("k").await.ok(), Some(None), "a part is live");
+    // Our own part counts too.
+    assert_eq!(
+        b.acquire("k").await.ok(),
+        Some(None),
+        "its own part is live"
+    );
+    assert_eq!(b.try_acquire("k").await.ok(), Some(None));
+    assert_eq!(b.release_part("k", 2).await.ok(), Some(true));
+    assert_eq!(acquired(&a, "k").await, 3);
+}
+
+pub(crate) async fn a_refused_larger_request_holds_back_smaller_ones_until_it_is_served<
+    B: Backend,
+>() {
+    let (_backend, [(a, _), (b, _), (c, _)]) =
+        three_sharing::<B>("larger_first", 3, [LONG_LEASE; 3]).await;
+    assert_eq!(part(&a, "k", 2).await, 1);
+    assert_eq!(
+        b.acquire_part("k", permits(2)).await.ok(),
+        Some(None),
+        "2 + 2 > 3"
+    );
+    // One permit is free, but a larger request waits: it comes first.
+    assert_eq!(c.acquire_part("k", permits(1)).await.ok(), Some(None));
+    assert_eq!(a.release_part("k", 1).await.ok(), Some(true));
+    assert_eq!(part(&b, "k", 2).await, 2);
+    // Served, its mark is gone.
+    assert_eq!(part(&c, "k", 1).await, 3);
+    assert_eq!(b.release_part("k", 2).await.ok(), Some(true));
+    // A refused whole lease is the largest request of all.
+    assert_eq!(a.acquire("k").await.ok(), Some(None), "c holds a part");
+    assert_eq!(b.acquire_part("k", permits(2)).await.ok(), Some(None));
+    assert_eq!(c.release_part("k", 3).await.ok(), Some(true));
+    assert_eq!(acquired(&a, "k").await, 4);
+}
+
+pub(crate) async fn a_part_lease_runs_out_and_its_permits_come_back<B: Backend>() {
+    let (backend, [(short, _), (other, _), (third, _)]) =
+        three_sharing::<B>("part_runs_out", 2, [SHORT_LEASE, LONG_LEASE, LONG_LEASE]).await;
+    assert_eq!(part(&short, "k", 1).await, 1);
+    assert_eq!(part(&other, "k", 1).await, 2);
+    assert_eq!(third.acquire_part("k", permits(1)).await.ok(), Some(None));
+    sleep(PAST_SHORT_LEASE).await;
+    assert_eq!(short.renew_part("k", 1).await.ok(), Some(false));
+    // The refused request above was as large: it does not hold this one back.
+    assert_eq!(part(&third, "k", 1).await, 3);
+    // Taking it cleared the part that ran out away: not there to release.
+    assert_eq!(short.release_part("k", 1).await.ok(), Some(false));
+    assert_eq!(
+        backend.parts("k").await,
+        vec![(B::owner(&other), 2, 1), (B::owner(&third), 3, 1)]
+    );
+}
+
+pub(crate) async fn only_its_owner_renews_or_releases_a_part_and_only_while_it_is_there<
+    B: Backend,
+>() {
+    let (backend, [(a, _), (b, _), _]) = three_sharing::<B>("part_owner", 2, [LONG_LEASE; 3]).await;
+    assert_eq!(part(&a, "k", 1).await, 1);
+    assert_eq!(a.renew_part("k", 1).await.ok(), Some(true));
+    assert_eq!(b.renew_part("k", 1).await.ok(), Some(false));
+    assert_eq!(b.release_part("k", 1).await.ok(), Some(false));
+    assert_eq!(
+        a.renew_part("k", 2).await.ok(),
+        Some(false),
+        "no such fence"
+    );
+    assert_eq!(backend.parts("k").await, vec![(B::owner(&a), 1, 1)]);
+    assert_eq!(a.release_part("k", 1).await.ok(), Some(true));
+    assert_eq!(
+        a.release_part("k", 1).await.ok(),
+        Some(false),
+        "released already"
+    );
+    assert_eq!(a.renew_part("k", 1).await.ok(), Some(false));
+    assert_eq!(backend.parts("k").await, vec![]);
+}
+
+pub(crate) async fn a_part_release_is_announced_when_a_request_waits<B: Backend>() {
+    let (_backend, [(a, _), (b, _), (waiter, mut notices)]) =
+        three_sharing::<B>("part_notice", 2, [LONG_LEASE; 3]).await;
+    assert_eq!(part(&a, "k", 1).await, 1);
+    assert_eq!(part(&b, "k", 1).await, 2);
+    assert_eq!(waiter.acquire_part("k", permits(1)).await.ok(), Some(None));
+    assert_eq!(a.release_part("k", 1).await.ok(), Some(true));
+    assert_eq!(next_notice(&mut notices).await, released("k"));
+}
+
+pub(crate) async fn a_try_of_a_part_leaves_the_key_to_a_waiter_and_changes_nothing<B: Backend>() {
+    let (backend, [(a, _), (writer, _), (tryer, _)]) =
+        three_sharing::<B>("part_try", 3, [LONG_LEASE, SHORT_LEASE, LONG_LEASE]).await;
+    assert_eq!(
+        tryer.try_acquire_part("k", permits(1)).await.ok(),
+        Some(Some(1))
+    );
+    assert_eq!(part(&a, "k", 1).await, 2);
+    assert_eq!(writer.acquire("k").await.ok(), Some(None), "parts are live");
+    let before = (backend.row("k").await, backend.parts("k").await);
+    // A permit is free, but a writer waits.
+    assert_eq!(
+        tryer.try_acquire_part("k", permits(1)).await.ok(),
+        Some(None)
+    );
+    assert_eq!((backend.row("k").await, backend.parts("k").await), before);
+    // A writer that went away: its mark counts for its own lease, no longer.
+    sleep(PAST_SHORT_LEASE).await;
+    assert_eq!(
+        tryer.try_acquire_part("k", permits(1)).await.ok(),
+        Some(Some(3))
+    );
+}
+
+pub(crate) async fn release_all_releases_our_parts_too<B: Backend>() {
+    let (backend, [(ours, _), (theirs, _), _]) =
+        three_sharing::<B>("release_all_parts", 3, [LONG_LEASE; 3]).await;
+    assert_eq!(part(&ours, "a", 1).await, 1);
+    assert_eq!(part(&ours, "a", 1).await, 2);
+    assert_eq!(part(&theirs, "a", 1).await, 3);
+    assert_eq!(acquired(&ours, "b").await, 1);
+    assert_eq!(ours.release_all().await.ok(), Some(2), "two keys");
+    assert_eq!(backend.parts("a").await, vec![(B::owner(&theirs), 3, 1)]);
+    assert_eq!(backend.row("b").await, Some((None, 1)));
+    assert_eq!(ours.release_all().await.ok(), Some(0));
+}
+
+pub(crate) async fn a_part_of_no_permits_or_of_the_whole_capacity_is_refused<B: Backend>() {
+    let (backend, [(store, _), _, _]) = three_sharing::<B>("part_range", 2, [LONG_LEASE; 3]).await;
+    for count in [2, 3] {
+        assert!(matches!(
+            store.acquire_part("k", permits(count)).await,
+            Err(LeaseError::Permits { requested, capacity: 2 }) if requested == count
+        ));
+        assert!(matches!(
+            store.try_acquire_part("k", permits(count)).await,
+            Err(LeaseError::Permits { .. })
+        ));
+    }
+    assert_eq!(backend.row("k").await, None, "nothing was sent");
 }

@@ -2,6 +2,7 @@
 //! store and tokio's paused clock. Each pins a bug the simulator found.
 
 use std::collections::VecDeque;
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -62,6 +63,32 @@ impl LeaseStore for HeldStore {
 
     async fn release(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
         self.inner.release(key, fence).await
+    }
+
+    async fn acquire_part(
+        &self,
+        key: &str,
+        permits: NonZeroU32,
+    ) -> Result<Option<Fence>, LeaseError> {
+        let hold = self.acquires.lock().unwrap().pop_front().flatten();
+        Self::held(hold, self.inner.acquire_part(key, permits)).await
+    }
+
+    async fn try_acquire_part(
+        &self,
+        key: &str,
+        permits: NonZeroU32,
+    ) -> Result<Option<Fence>, LeaseError> {
+        let hold = self.acquires.lock().unwrap().pop_front().flatten();
+        Self::held(hold, self.inner.try_acquire_part(key, permits)).await
+    }
+
+    async fn renew_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        self.inner.renew_part(key, fence).await
+    }
+
+    async fn release_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        self.inner.release_part(key, fence).await
     }
 
     async fn release_all(&self) -> Result<u64, LeaseError> {

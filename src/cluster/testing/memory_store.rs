@@ -13,8 +13,17 @@
 //!    releases, so no store sees the key free before its notice is queued, if an acquisition
 //!    was refused the key since it was taken (`wanted`), as in `postgres`.
 //! 5. A try takes a key only if an acquisition would, and no waiter can still be on its way:
-//!    the key is not wanted, or its last lease ended at least a lease length ago. A refused
-//!    try changes nothing.
+//!    no request's refusal is recorded less than a lease ago (the waiting mark, invariant 7),
+//!    and for a whole lease also: the key is not wanted, or its last lease ended at least a
+//!    lease length ago. A refused try changes nothing.
+//! 6. Part leases: a key is held by its whole lease or by part leases, never both, and its
+//!    live part leases hold at most `capacity` permits together. Each has a fence from the
+//!    key's one counter.
+//! 7. A refused acquisition records its size (the whole of the capacity for a whole lease) as
+//!    the key's waiting mark, for a lease; while the mark lives, no smaller request is granted,
+//!    and a grant at least as large clears it. A part grant on a wanted key that leaves
+//!    permits free announces the key, so that requests a larger one's mark held back ask
+//!    again.
 //!
 //! What it does not have: a connection (no call fails, none is cut, none times out) and a
 //! listener (notices cannot be lost, so it never says [`LeaseNotice::Missed`] unless a
@@ -24,13 +33,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::cluster::error::LeaseError;
-use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore, check_key};
+use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore, check_key, check_part};
 use crate::cluster::locking::notices::{self, LeaseNotices, NoticeSender};
 
 /// The table that the stores made by [`MemoryLeaseTable::store`] share. Cheap to clone: the
@@ -40,8 +50,9 @@ pub(crate) struct MemoryLeaseTable {
     shared: Arc<Mutex<Table>>,
 }
 
-#[derive(Default)]
 struct Table {
+    /// Permits per key: a whole lease takes them all.
+    capacity: NonZeroU32,
     rows: BTreeMap<String, Row>,
     /// Each live store's notices, by owner: every release is queued to all of them. Ordered
     /// maps, here and in `rows`, so that a run repeats exactly, notices included.
@@ -53,6 +64,27 @@ struct Table {
     /// ignore the fence, and tries that take a key a waiter was refused.
     renew_ignores_fence: bool,
     try_ignores_wanted: bool,
+    /// More planted bugs: part leases granted past the capacity, whole leases granted over
+    /// live part leases, and part leases granted past a larger waiting request.
+    part_ignores_capacity: bool,
+    whole_ignores_parts: bool,
+    part_ignores_waiting: bool,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table {
+            capacity: NonZeroU32::MIN,
+            rows: BTreeMap::new(),
+            listeners: BTreeMap::new(),
+            owners_made: 0,
+            renew_ignores_fence: false,
+            try_ignores_wanted: false,
+            part_ignores_capacity: false,
+            whole_ignores_parts: false,
+            part_ignores_waiting: false,
+        }
+    }
 }
 
 /// One key's lease, as the PostgreSQL table's row: `owner` is `None` once released.
@@ -63,22 +95,87 @@ pub(crate) struct Row {
     pub(crate) expires_at: Instant,
     /// An acquisition was refused the key since it was taken: its release is announced.
     pub(crate) wanted: bool,
+    /// The key's part leases, live or run out (cleared away by the next part acquisition).
+    pub(crate) parts: Vec<Part>,
+    /// The largest request refused lately, and until when its refusal counts (invariant 7).
+    pub(crate) waiting: Option<Waiting>,
+}
+
+/// A part lease: `permits` of the key's, for `owner`, under its own fence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Part {
+    pub(crate) owner: String,
+    pub(crate) fence: Fence,
+    pub(crate) permits: u32,
+    pub(crate) expires_at: Instant,
+}
+
+/// A key's waiting mark: a request of `permits` was refused, and counts until `until`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Waiting {
+    pub(crate) permits: u32,
+    pub(crate) until: Instant,
 }
 
 impl Row {
+    /// A row made by an acquisition of a key never acquired before.
+    fn new(fence: Fence, now: Instant) -> Self {
+        Row {
+            owner: None,
+            fence,
+            expires_at: now,
+            wanted: false,
+            parts: Vec::new(),
+            waiting: None,
+        }
+    }
+
+    /// Whether the whole lease is held.
     pub(crate) fn is_held_at(&self, now: Instant) -> bool {
         self.owner.is_some() && self.expires_at > now
+    }
+
+    /// Permits held by live part leases.
+    pub(crate) fn parts_held_at(&self, now: Instant) -> u32 {
+        self.parts
+            .iter()
+            .filter(|part| part.expires_at > now)
+            .map(|part| part.permits)
+            .sum()
+    }
+
+    /// The waiting mark, if it still counts.
+    pub(crate) fn waiting_at(&self, now: Instant) -> Option<Waiting> {
+        self.waiting.filter(|waiting| waiting.until > now)
     }
 
     pub(crate) fn is_owned_by(&self, owner: &str) -> bool {
         self.owner.as_deref() == Some(owner)
     }
+
+    /// Records a refusal of `permits` until `until` (invariant 7). A smaller refusal leaves a
+    /// larger mark as it is: only the larger request's own refusals keep its mark alive, so a
+    /// mark outlives a request that went away by at most a lease.
+    fn refuse(&mut self, permits: u32, now: Instant, until: Instant) {
+        self.wanted = true;
+        match self.waiting_at(now) {
+            Some(waiting) if waiting.permits > permits => {}
+            _ => self.waiting = Some(Waiting { permits, until }),
+        }
+    }
 }
 
 impl MemoryLeaseTable {
-    /// A table with no rows and no stores.
+    /// A table with no rows and no stores, and one permit per key.
     pub(crate) fn new() -> Self {
         Self::default()
+    }
+
+    /// A table whose keys have `capacity` permits each.
+    pub(crate) fn with_capacity(capacity: NonZeroU32) -> Self {
+        let table = Self::default();
+        lock(&table.shared).capacity = capacity;
+        table
     }
 
     /// A new store on this table, with an owner of its own and leases of `lease`, and its
@@ -118,6 +215,23 @@ impl MemoryLeaseTable {
     pub(crate) fn plant_try_ignoring_wanted(&self) {
         lock(&self.shared).try_ignores_wanted = true;
     }
+
+    pub(crate) fn plant_part_ignoring_capacity(&self) {
+        lock(&self.shared).part_ignores_capacity = true;
+    }
+
+    pub(crate) fn plant_whole_ignoring_parts(&self) {
+        lock(&self.shared).whole_ignores_parts = true;
+    }
+
+    pub(crate) fn plant_part_ignoring_waiting(&self) {
+        lock(&self.shared).part_ignores_waiting = true;
+    }
+
+    /// Permits per key.
+    pub(crate) fn capacity(&self) -> NonZeroU32 {
+        lock(&self.shared).capacity
+    }
 }
 
 fn lock(shared: &Mutex<Table>) -> MutexGuard<'_, Table> {
@@ -135,10 +249,79 @@ impl Table {
         row.owner = None;
         row.expires_at = now;
         if row.wanted {
-            for listener in self.listeners.values() {
-                listener.send(LeaseNotice::Released(key.to_owned()));
-            }
+            self.announce(key);
         }
+    }
+
+    /// Ends `owner`'s part lease `fence` of `key`, announcing it if wanted: whether it was
+    /// there.
+    fn release_part(&mut self, key: &str, owner: &str, fence: Fence) -> bool {
+        let Some(row) = self.rows.get_mut(key) else {
+            return false;
+        };
+        let before = row.parts.len();
+        row.parts
+            .retain(|part| !(part.fence == fence && part.owner == owner));
+        let released = row.parts.len() < before;
+        if released && row.wanted {
+            self.announce(key);
+        }
+        released
+    }
+
+    fn announce(&self, key: &str) {
+        for listener in self.listeners.values() {
+            listener.send(LeaseNotice::Released(key.to_owned()));
+        }
+    }
+
+    /// Whether a whole lease of `row` for `owner` may be taken now (invariants 1, 6).
+    fn whole_is_free(&self, row: &Row, owner: &str, now: Instant) -> bool {
+        (!row.is_held_at(now) || row.is_owned_by(owner))
+            && (self.whole_ignores_parts || row.parts_held_at(now) == 0)
+    }
+
+    /// Whether a part lease of `permits` of `row` may be taken now (invariants 6, 7).
+    fn part_fits(&self, row: &Row, permits: u32, now: Instant) -> bool {
+        let room =
+            self.part_ignores_capacity || row.parts_held_at(now) + permits <= self.capacity.get();
+        let overtakes = !self.part_ignores_waiting
+            && row
+                .waiting_at(now)
+                .is_some_and(|waiting| waiting.permits > permits);
+        !row.is_held_at(now) && room && !overtakes
+    }
+
+    /// Takes a part lease of `permits` of `key` for `owner` (the caller checked it fits, so no
+    /// larger request waits): the next fence, the run-out parts cleared away, the waiting
+    /// mark cleared, and announced if the key is wanted and permits stay free (invariant 7).
+    fn take_part(
+        &mut self,
+        key: &str,
+        owner: &str,
+        permits: u32,
+        now: Instant,
+        lease: Duration,
+    ) -> Fence {
+        let capacity = self.capacity.get();
+        let row = self
+            .rows
+            .entry(key.to_owned())
+            .or_insert_with(|| Row::new(0, now));
+        row.fence += 1;
+        row.parts.retain(|part| part.expires_at > now);
+        row.parts.push(Part {
+            owner: owner.to_owned(),
+            fence: row.fence,
+            permits,
+            expires_at: now + lease,
+        });
+        let fence = row.fence;
+        row.waiting = None;
+        if row.wanted && row.parts_held_at(now) < capacity {
+            self.announce(key);
+        }
+        fence
     }
 }
 
@@ -178,31 +361,28 @@ impl LeaseStore for MemoryLeaseStore {
         let now = Instant::now();
         let expires_at = now + self.lease;
         let mut table = self.table();
-        match table.rows.get_mut(key) {
-            None => {
-                let row = Row {
-                    owner: Some(self.owner.clone()),
-                    fence: 1,
-                    expires_at,
-                    wanted: false,
-                };
-                table.rows.insert(key.to_owned(), row);
-                Ok(Some(1))
-            }
-            // Ours too, as in `postgres`: an acquire whose reply was lost must not block the key.
-            Some(row) if !row.is_held_at(now) || row.is_owned_by(&self.owner) => {
-                // Taken from another owner (or from nobody): whoever wanted it was told.
-                row.wanted &= row.is_owned_by(&self.owner);
-                row.owner = Some(self.owner.clone());
-                row.fence += 1;
-                row.expires_at = expires_at;
-                Ok(Some(row.fence))
-            }
-            Some(row) => {
-                row.wanted = true;
-                Ok(None)
-            }
+        let capacity = table.capacity.get();
+        let free = table
+            .rows
+            .get(key)
+            .is_none_or(|row| table.whole_is_free(row, &self.owner, now));
+        let row = table
+            .rows
+            .entry(key.to_owned())
+            .or_insert_with(|| Row::new(0, now));
+        if !free {
+            row.refuse(capacity, now, expires_at);
+            return Ok(None);
         }
+        // Ours too, as in `postgres`: an acquire whose reply was lost must not block the key.
+        // Taken from another owner (or from nobody): whoever wanted it was told.
+        row.wanted &= row.is_owned_by(&self.owner);
+        row.owner = Some(self.owner.clone());
+        row.fence += 1;
+        row.expires_at = expires_at;
+        // A whole lease is the largest request there is: every waiting mark is met.
+        row.waiting = None;
+        Ok(Some(row.fence))
     }
 
     async fn try_acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
@@ -210,30 +390,81 @@ impl LeaseStore for MemoryLeaseStore {
         let now = Instant::now();
         let mut table = self.table();
         let snatches = table.try_ignores_wanted;
-        match table.rows.get_mut(key) {
+        let free = table.rows.get(key).is_none_or(|row| {
             // Free, expired or ours, and no waiter can still be on its way (invariant 5).
-            Some(row)
-                if (!row.is_held_at(now) || row.is_owned_by(&self.owner))
-                    && (snatches || !row.wanted || row.expires_at + self.lease <= now) =>
-            {
-                row.wanted = false;
-                row.owner = Some(self.owner.clone());
-                row.fence += 1;
-                row.expires_at = now + self.lease;
-                Ok(Some(row.fence))
-            }
-            Some(_) => Ok(None),
-            None => {
-                let row = Row {
-                    owner: Some(self.owner.clone()),
-                    fence: 1,
-                    expires_at: now + self.lease,
-                    wanted: false,
-                };
-                table.rows.insert(key.to_owned(), row);
-                Ok(Some(1))
-            }
+            table.whole_is_free(row, &self.owner, now)
+                && (snatches
+                    || (!(row.wanted && row.expires_at + self.lease > now)
+                        && row.waiting_at(now).is_none()))
+        });
+        if !free {
+            return Ok(None);
         }
+        let row = table
+            .rows
+            .entry(key.to_owned())
+            .or_insert_with(|| Row::new(0, now));
+        row.wanted = false;
+        row.owner = Some(self.owner.clone());
+        row.fence += 1;
+        row.expires_at = now + self.lease;
+        row.waiting = None;
+        Ok(Some(row.fence))
+    }
+
+    async fn acquire_part(
+        &self,
+        key: &str,
+        permits: NonZeroU32,
+    ) -> Result<Option<Fence>, LeaseError> {
+        check_key(key)?;
+        let now = Instant::now();
+        let mut table = self.table();
+        check_part(permits, table.capacity)?;
+        let fits = table
+            .rows
+            .get(key)
+            .is_none_or(|row| table.part_fits(row, permits.get(), now));
+        if fits {
+            return Ok(Some(table.take_part(
+                key,
+                &self.owner,
+                permits.get(),
+                now,
+                self.lease,
+            )));
+        }
+        if let Some(row) = table.rows.get_mut(key) {
+            row.refuse(permits.get(), now, now + self.lease);
+        }
+        Ok(None)
+    }
+
+    async fn try_acquire_part(
+        &self,
+        key: &str,
+        permits: NonZeroU32,
+    ) -> Result<Option<Fence>, LeaseError> {
+        check_key(key)?;
+        let now = Instant::now();
+        let mut table = self.table();
+        check_part(permits, table.capacity)?;
+        let snatches = table.try_ignores_wanted;
+        // Any request's refusal counts for its own lease after it (invariant 5): a waiter
+        // asks again within it.
+        let fits = table.rows.get(key).is_none_or(|row| {
+            table.part_fits(row, permits.get(), now) && (snatches || row.waiting_at(now).is_none())
+        });
+        if !fits {
+            return Ok(None);
+        }
+        Ok(Some(table.take_part(
+            key,
+            &self.owner,
+            permits.get(),
+            now,
+            self.lease,
+        )))
     }
 
     async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
@@ -254,6 +485,24 @@ impl LeaseStore for MemoryLeaseStore {
         }
     }
 
+    async fn renew_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        check_key(key)?;
+        let now = Instant::now();
+        let mut table = self.table();
+        let part = table.rows.get_mut(key).and_then(|row| {
+            row.parts.iter_mut().find(|part| {
+                part.fence == fence && part.owner == self.owner && part.expires_at > now
+            })
+        });
+        match part {
+            Some(part) => {
+                part.expires_at = now + self.lease;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     async fn release(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
         check_key(key)?;
         let now = Instant::now();
@@ -269,6 +518,11 @@ impl LeaseStore for MemoryLeaseStore {
         Ok(ours)
     }
 
+    async fn release_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        check_key(key)?;
+        Ok(self.table().release_part(key, &self.owner, fence))
+    }
+
     async fn release_all(&self) -> Result<u64, LeaseError> {
         let now = Instant::now();
         let mut table = self.table();
@@ -281,7 +535,24 @@ impl LeaseStore for MemoryLeaseStore {
         for key in &ours {
             table.release(key, now);
         }
-        Ok(u64::try_from(ours.len()).unwrap_or(u64::MAX))
+        let our_parts: Vec<(String, Fence)> = table
+            .rows
+            .iter()
+            .flat_map(|(key, row)| {
+                row.parts
+                    .iter()
+                    .filter(|part| part.owner == self.owner)
+                    .map(|part| (key.clone(), part.fence))
+            })
+            .collect();
+        for (key, fence) in &our_parts {
+            table.release_part(key, &self.owner, *fence);
+        }
+        let keys: std::collections::BTreeSet<&String> = ours
+            .iter()
+            .chain(our_parts.iter().map(|(key, _)| key))
+            .collect();
+        Ok(u64::try_from(keys.len()).unwrap_or(u64::MAX))
     }
 }
 

@@ -10,6 +10,7 @@
 //! each on its own table `kl_contract_<test>_leases`.
 
 use std::future::Future;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep, timeout};
@@ -22,7 +23,7 @@ use crate::cluster::locking::notices::LeaseNotices;
 use crate::cluster::postgres::config::PgLeaseConfig;
 use crate::cluster::postgres::store::{FLOOR_RISE_AFTER_CRASH, PgLeaseStore};
 use crate::cluster::testing::contract::{
-    BOUND, Backend, RowView, contract_tests, next_notice, released,
+    BOUND, Backend, PartView, RowView, contract_tests, next_notice, released,
 };
 
 /// The role the permission tests connect as.
@@ -214,14 +215,49 @@ struct PgBackend {
 impl Backend for PgBackend {
     type Store = PgLeaseStore;
 
-    async fn stores(test: &str, leases: &[Duration]) -> (Self, Vec<(PgLeaseStore, LeaseNotices)>) {
+    async fn stores_with_capacity(
+        test: &str,
+        capacity: NonZeroU32,
+        leases: &[Duration],
+    ) -> (Self, Vec<(PgLeaseStore, LeaseNotices)>) {
         let prefix = format!("kl_contract_{test}_");
         let admin = fresh_table(&prefix).await;
         let mut stores = Vec::new();
         for &lease in leases {
-            stores.push(store(&lease_config(&prefix, lease)).await);
+            let config = PgLeaseConfig {
+                capacity,
+                ..lease_config(&prefix, lease)
+            };
+            stores.push(store(&config).await);
         }
         (PgBackend { admin, prefix }, stores)
+    }
+
+    async fn parts(&self, key: &str) -> Vec<PartView> {
+        let statement = format!(
+            "SELECT part.owner, part.fence, part.permits \
+             FROM \"{}leases\" AS held, \
+                  unnest(held.part_owners, held.part_fences, held.part_permits) \
+                  WITH ORDINALITY AS part(owner, fence, permits, position) \
+             WHERE held.key = $1 ORDER BY part.position",
+            self.prefix
+        );
+        let rows = self
+            .admin
+            .query(&statement, &[&key])
+            .await
+            .expect("the parts can be read");
+        rows.iter()
+            .map(|row| {
+                let fence: i64 = row.get(1);
+                let permits: i32 = row.get(2);
+                (
+                    row.get(0),
+                    Fence::try_from(fence).expect("a positive fence"),
+                    u32::try_from(permits).expect("positive permits"),
+                )
+            })
+            .collect()
     }
 
     fn owner(store: &PgLeaseStore) -> String {
@@ -829,6 +865,131 @@ async fn a_try_after_a_crash_is_refused_in_the_quiet_time_and_then_fenced_above_
     assert!(new_key >= after + Fence::try_from(FLOOR_RISE_AFTER_CRASH).unwrap());
 }
 
+/// A table of `capacity` permits per key, and a store on it with `lease`.
+fn sharing_config(prefix: &str, capacity: u32, lease: Duration) -> PgLeaseConfig {
+    PgLeaseConfig {
+        capacity: NonZeroU32::new(capacity).expect("a test's capacity is above 0"),
+        ..lease_config(prefix, lease)
+    }
+}
+
+#[tokio::test]
+async fn part_leases_after_a_crash_wait_the_quiet_time_and_are_fenced_above_the_floor() {
+    let prefix = "kl_test_crash_parts_";
+    let admin = fresh_table(prefix).await;
+    let lease = Duration::from_millis(900);
+    let (store, _notices) = store(&sharing_config(prefix, 3, lease)).await;
+    let one = NonZeroU32::MIN;
+    let before = store
+        .acquire_part("k", one)
+        .await
+        .ok()
+        .flatten()
+        .expect("taken");
+    assert_eq!(store.release_part("k", before).await.ok(), Some(true));
+    // Found by the part acquisition itself, on a connection that outlived the crash.
+    empty_run(&admin, prefix).await;
+    assert_eq!(store.acquire_part("k", one).await.ok(), Some(None), "quiet");
+    assert_eq!(
+        store.try_acquire_part("k", one).await.ok(),
+        Some(None),
+        "quiet"
+    );
+    let started = Instant::now();
+    let after = loop {
+        match store.acquire_part("k", one).await {
+            Ok(Some(fence)) => break fence,
+            Ok(None) => assert!(started.elapsed() < BOUND, "never granted after the crash"),
+            Err(error) => panic!("acquire_part after the crash: {error}"),
+        }
+        sleep(Duration::from_millis(20)).await;
+    };
+    let rise = Fence::try_from(FLOOR_RISE_AFTER_CRASH).unwrap();
+    assert!(after >= before + rise, "{after} after {before}");
+    assert!(started.elapsed() >= lease / 2, "the quiet time was kept");
+    // A try of a new key on a connection made after a second crash starts above its floor.
+    empty_run(&admin, prefix).await;
+    terminate(&admin, &statements_name(&store)).await;
+    eventually("the store sees its connection lost", || {
+        store.core.link.is_known_lost()
+    })
+    .await;
+    let started = Instant::now();
+    let new_key = loop {
+        if let Ok(Some(fence)) = store.try_acquire_part("new", one).await {
+            break fence;
+        }
+        assert!(
+            started.elapsed() < BOUND,
+            "never granted after the second crash"
+        );
+        sleep(Duration::from_millis(20)).await;
+    };
+    assert!(new_key >= after + rise, "{new_key} after {after}");
+    // The part taken before the second crash ran out in its quiet time, and nothing took "k"
+    // since: it is there to release, not to renew.
+    assert_eq!(store.renew_part("k", after).await.ok(), Some(false));
+    assert_eq!(store.release_part("k", after).await.ok(), Some(true));
+}
+
+#[tokio::test]
+async fn a_store_with_another_capacity_than_the_table_is_refused_at_connect_naming_both() {
+    let prefix = "kl_test_capacity_mismatch_";
+    let _admin = fresh_table(prefix).await;
+    let lease = Duration::from_secs(30);
+    let (_first, _notices) = store(&sharing_config(prefix, 4, lease)).await;
+    let (error, _) = connect_error(&sharing_config(prefix, 5, lease)).await;
+    match &error {
+        ClusterError::CapacityMismatch {
+            table_capacity: 4,
+            asked: 5,
+            ..
+        } => {}
+        other => panic!("expected a capacity mismatch, got {other:?}"),
+    }
+    let message = error.to_string();
+    assert!(message.contains('4') && message.contains('5'), "{message}");
+    // The same capacity connects.
+    drop(store(&sharing_config(prefix, 4, lease)).await);
+}
+
+#[tokio::test]
+async fn tables_made_before_part_leases_get_their_columns_and_one_permit_per_key() {
+    let prefix = "kl_test_old_parts_";
+    let admin = fresh_table(prefix).await;
+    // The lease table with `wanted` but no part leases, and the fences table without a
+    // capacity, as the version before part leases made them.
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE \"{prefix}leases\" (key text PRIMARY KEY, owner text, \
+               fence bigint NOT NULL CHECK (fence > 0), expires_at timestamptz NOT NULL, \
+               wanted boolean NOT NULL DEFAULT false); \
+             INSERT INTO \"{prefix}leases\" VALUES ('k', NULL, 7, clock_timestamp(), false); \
+             CREATE TABLE \"{prefix}fences\" (one_row boolean PRIMARY KEY CHECK (one_row), \
+               floor bigint NOT NULL CHECK (floor > 0), longest_lease_ms bigint NOT NULL); \
+             INSERT INTO \"{prefix}fences\" VALUES (true, 1, 30000); \
+             CREATE UNLOGGED TABLE \"{prefix}run\" (one_row boolean PRIMARY KEY CHECK (one_row), \
+               floor bigint NOT NULL, quiet_until timestamptz NOT NULL); \
+             INSERT INTO \"{prefix}run\" VALUES (true, 1, clock_timestamp())"
+        ))
+        .await
+        .expect("the old tables");
+    let (error, _) = connect_error(&sharing_config(prefix, 2, Duration::from_secs(30))).await;
+    assert!(
+        matches!(
+            error,
+            ClusterError::CapacityMismatch {
+                table_capacity: 1,
+                asked: 2,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let (holder, _notices) = store(&config(prefix)).await;
+    assert_eq!(acquired(&holder, "k").await, 8);
+}
+
 #[tokio::test]
 async fn a_clean_reconnection_keeps_the_floor_and_keys_free() {
     let prefix = "kl_test_crash_none_";
@@ -948,27 +1109,73 @@ async fn the_lease_statements_cost_too_little_for_the_server_to_compile_them() {
         .get(0);
     let table = crate::cluster::postgres::config::LeaseTable::new(prefix).unwrap();
     let statements = super::Statements::for_table(&table);
-    let apply = generic_plan_cost(
-        &admin,
-        &statements.apply,
-        "text[], text, bigint, text, bigint[], boolean[]",
-        "ARRAY['a', 'b', 'c'], 'me', 1000, 'channel', ARRAY[NULL, 3, 4]::bigint[], \
-         ARRAY[false, true, false]",
-    )
-    .await;
-    let try_acquire = generic_plan_cost(
-        &admin,
-        &statements.try_acquire,
-        "text, text, bigint",
-        "'a', 'me', 1000",
-    )
-    .await;
+    let costs = [
+        (
+            "apply",
+            generic_plan_cost(
+                &admin,
+                &statements.apply,
+                "text[], text, bigint, text, bigint[], boolean[], integer",
+                "ARRAY['a', 'b', 'c'], 'me', 1000, 'channel', ARRAY[NULL, 3, 4]::bigint[], \
+                 ARRAY[false, true, false], 2",
+            )
+            .await,
+        ),
+        (
+            "try_acquire",
+            generic_plan_cost(
+                &admin,
+                &statements.try_acquire,
+                "text, text, bigint",
+                "'a', 'me', 1000",
+            )
+            .await,
+        ),
+        (
+            "acquire_part",
+            generic_plan_cost(
+                &admin,
+                &statements.acquire_part,
+                "text, text, bigint, text, integer, integer, bigint",
+                "'a', 'me', 1000, 'channel', 1, 2, 7",
+            )
+            .await,
+        ),
+        (
+            "try_acquire_part",
+            generic_plan_cost(
+                &admin,
+                &statements.try_acquire_part,
+                "text, text, bigint, text, integer, integer",
+                "'a', 'me', 1000, 'channel', 1, 2",
+            )
+            .await,
+        ),
+        (
+            "renew_part",
+            generic_plan_cost(
+                &admin,
+                &statements.renew_part,
+                "text, text, bigint, bigint",
+                "'a', 'me', 1000, 3",
+            )
+            .await,
+        ),
+        (
+            "release_part",
+            generic_plan_cost(
+                &admin,
+                &statements.release_part,
+                "text, text, bigint, text",
+                "'a', 'me', 3, 'channel'",
+            )
+            .await,
+        ),
+    ];
     // Compiling takes milliseconds at every call, more than the statements themselves.
-    assert!(apply < jit_above / 10.0, "apply costs {apply}");
-    assert!(
-        try_acquire < jit_above / 10.0,
-        "try_acquire costs {try_acquire}"
-    );
+    for (statement, cost) in costs {
+        assert!(cost < jit_above / 10.0, "{statement} costs {cost}");
+    }
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! The memory store on tokio's paused clock: the lease contract (`lease_store::contract`), and
 //! what is its own (when exactly a lease runs out, what dropping a store does).
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use tokio::time::{Instant, advance};
@@ -8,7 +9,7 @@ use tokio::time::{Instant, advance};
 use super::{MemoryLeaseStore, MemoryLeaseTable};
 use crate::cluster::locking::lease_store::{LeaseNotice, LeaseStore};
 use crate::cluster::locking::notices::LeaseNotices;
-use crate::cluster::testing::contract::{Backend, LONG_LEASE, RowView, contract_tests};
+use crate::cluster::testing::contract::{Backend, LONG_LEASE, PartView, RowView, contract_tests};
 
 /// A table, and the instant it was made, from which its expiries are measured.
 struct MemoryBackend {
@@ -19,11 +20,12 @@ struct MemoryBackend {
 impl Backend for MemoryBackend {
     type Store = MemoryLeaseStore;
 
-    async fn stores(
+    async fn stores_with_capacity(
         _test: &str,
+        capacity: NonZeroU32,
         leases: &[Duration],
     ) -> (Self, Vec<(MemoryLeaseStore, LeaseNotices)>) {
-        let table = MemoryLeaseTable::new();
+        let table = MemoryLeaseTable::with_capacity(capacity);
         let stores = leases.iter().map(|&lease| table.store(lease)).collect();
         let backend = MemoryBackend {
             table,
@@ -34,6 +36,15 @@ impl Backend for MemoryBackend {
 
     fn owner(store: &MemoryLeaseStore) -> String {
         store.owner().to_owned()
+    }
+
+    async fn parts(&self, key: &str) -> Vec<PartView> {
+        self.table.row(key).map_or_else(Vec::new, |row| {
+            row.parts
+                .into_iter()
+                .map(|part| (part.owner, part.fence, part.permits))
+                .collect()
+        })
     }
 
     async fn row(&self, key: &str) -> Option<RowView> {

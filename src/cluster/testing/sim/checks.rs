@@ -5,10 +5,14 @@
 //!   accepted before for the key, as a user's store must (`UPDATE ... WHERE fence < $token`).
 //!   Checked apart from the resource's own check: no accepted token is at or below one
 //!   accepted before.
-//! - **One live holder**: when a holder that believes its lease live writes, no other guard of
-//!   the key, in any process, believes its own lease live at that simulated instant.
-//! - **Tokens increase across the cluster**: each grant's token is above every token granted
-//!   for the key before, by any process.
+//! - **Capacity**: when a holder that believes its lease live writes, the guards of the key
+//!   that believe their leases live, in every process, hold at most the key's permits
+//!   together; a holder of the whole key holds them all, so with it no other guard believes
+//!   its lease live.
+//! - **Tokens increase across the cluster**: each grant's token is new for the key, and above
+//!   every token of a whole-key grant before it; a whole-key grant's token is above every
+//!   token granted for the key before, by any process. (Holders of parts of a key hold it
+//!   together, and their grants may reach them in another order than the table made them.)
 //! - **The hand-off bound**: a lease serves at most `max_local_handoffs + 1` guards, all within
 //!   `max_local_hold` of its first.
 //! - **Every call ends**: a `lock` call without a caller's timeout ends (granted or `Closed`)
@@ -47,6 +51,8 @@ pub(super) const TRY_BOUND: Duration = Duration::from_secs(2);
 struct Holder {
     who: String,
     token: u64,
+    /// The key's permits it holds: all of them for a whole-key guard.
+    permits: u32,
     guard: Arc<ClusterGuard<String>>,
 }
 
@@ -63,8 +69,11 @@ struct Call {
 #[derive(Default)]
 struct State {
     failure: Option<String>,
-    /// The highest token granted per key, by any process.
+    /// The highest token granted per key, by any process, and of a whole-key grant.
     granted: BTreeMap<String, u64>,
+    granted_whole: BTreeMap<String, u64>,
+    /// Every token granted per key, none twice.
+    tokens: BTreeMap<String, std::collections::BTreeSet<u64>>,
     /// When the first guard under each lease was granted.
     first_grant: BTreeMap<(String, Fence), Instant>,
     holders: BTreeMap<String, Vec<Holder>>,
@@ -96,15 +105,23 @@ pub(super) struct Checker {
     log: Arc<EventLog>,
     resource_checks_fence: bool,
     max_uses: u32,
+    /// Permits per key.
+    capacity: u32,
     state: Mutex<State>,
 }
 
 impl Checker {
-    pub(super) fn new(log: Arc<EventLog>, resource_checks_fence: bool, max_uses: u32) -> Self {
+    pub(super) fn new(
+        log: Arc<EventLog>,
+        resource_checks_fence: bool,
+        max_uses: u32,
+        capacity: u32,
+    ) -> Self {
         Checker {
             log,
             resource_checks_fence,
             max_uses,
+            capacity,
             state: Mutex::new(State::default()),
         }
     }
@@ -220,21 +237,46 @@ impl Checker {
         self.state().calls.len()
     }
 
-    /// `who` was granted `key` with `guard`, just now.
-    pub(super) fn granted(&self, who: &str, key: &str, guard: &Arc<ClusterGuard<String>>) {
+    /// `who` was granted `permits` of `key` with `guard`, just now.
+    pub(super) fn granted(
+        &self,
+        who: &str,
+        key: &str,
+        guard: &Arc<ClusterGuard<String>>,
+        permits: u32,
+    ) {
         let now = Instant::now();
         let token = guard.fencing_token();
         let fence = token >> HANDOFF_BITS;
         let uses = token & ((1 << HANDOFF_BITS) - 1);
+        let whole = permits == self.capacity;
         let mut failures = Vec::new();
         {
             let mut state = self.state();
-            let before = state.granted.insert(key.to_owned(), token).unwrap_or(0);
-            if token <= before {
+            let before = state.granted.get(key).copied().unwrap_or(0);
+            let before_whole = state.granted_whole.get(key).copied().unwrap_or(0);
+            let floor = if whole { before } else { before_whole };
+            if token <= floor {
+                let of = if whole { "" } else { " for the whole key" };
                 failures.push(format!(
-                    "{who} was granted {key:?} under token {token}, not above {before} granted before"
+                    "{who} was granted {key:?} under token {token}, not above {floor} granted{of} before"
                 ));
-                state.granted.insert(key.to_owned(), before);
+            }
+            if !state
+                .tokens
+                .entry(key.to_owned())
+                .or_default()
+                .insert(token)
+            {
+                failures.push(format!(
+                    "{who} was granted {key:?} under token {token}, granted before"
+                ));
+            }
+            state.granted.insert(key.to_owned(), before.max(token));
+            if whole {
+                state
+                    .granted_whole
+                    .insert(key.to_owned(), before_whole.max(token));
             }
             if uses >= u64::from(self.max_uses) {
                 failures.push(format!(
@@ -260,6 +302,7 @@ impl Checker {
                 .push(Holder {
                     who: who.to_owned(),
                     token,
+                    permits,
                     guard: Arc::clone(guard),
                 });
         }
@@ -268,21 +311,44 @@ impl Checker {
         failures.into_iter().for_each(|failure| self.fail(failure));
     }
 
-    /// `who` writes to `key` under `guard`; `believes_live` is what the guard said just before.
-    /// Returns whether the resource accepted the write.
-    pub(super) fn write(&self, who: &str, key: &str, token: u64, believes_live: bool) -> bool {
+    /// `who` writes to `key` under `token`, holding `permits` of it; `believes_live` is what
+    /// the guard said just before. Returns whether the resource accepted the write.
+    pub(super) fn write(
+        &self,
+        who: &str,
+        key: &str,
+        token: u64,
+        permits: u32,
+        believes_live: bool,
+    ) -> bool {
         let mut failures = Vec::new();
         let accepted;
         {
             let mut state = self.state();
             if believes_live {
-                for other in state.holders.get(key).into_iter().flatten() {
-                    if other.who != who && !other.guard.is_lost() {
-                        failures.push(format!(
-                            "{who} (token {token}) and {} (token {}) both believe they hold {key:?} live, and {who} writes",
-                            other.who, other.token
-                        ));
-                    }
+                let live: Vec<&Holder> = state
+                    .holders
+                    .get(key)
+                    .into_iter()
+                    .flatten()
+                    .filter(|other| other.who != who && !other.guard.is_lost())
+                    .collect();
+                let held: u32 = live.iter().map(|other| other.permits).sum();
+                if held + permits > self.capacity {
+                    let others: Vec<String> = live
+                        .iter()
+                        .map(|other| {
+                            format!(
+                                "{} ({} permits, token {})",
+                                other.who, other.permits, other.token
+                            )
+                        })
+                        .collect();
+                    failures.push(format!(
+                        "{who} (token {token}, {permits} permits) writes to {key:?} believing its lease live, while {} believe theirs live: over the capacity of {}",
+                        others.join(", "),
+                        self.capacity
+                    ));
                 }
             }
             // The resource: a fenced store refuses a token at or below the highest it saw.

@@ -1,6 +1,6 @@
 //! A run's shape and its fault windows, drawn from the seed before the run starts.
 
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -60,6 +60,8 @@ pub(super) struct Plan {
     pub(super) execution: Execution,
     /// The whole world's clock jumps forward by `.1` at `.0` (a suspended VM, a stalled host).
     pub(super) clock_jumps: Vec<(Duration, Duration)>,
+    /// Permits per key, in the table and in every process.
+    pub(super) capacity: NonZeroU32,
 }
 
 impl Plan {
@@ -103,7 +105,10 @@ impl Plan {
                 )
             })
             .collect();
+        // Drawn last, so that the draws above give the runs they gave before it was drawn.
+        let capacity = NonZeroU32::new([1, 2, 3][rng.below(3) as usize]).unwrap_or(NonZeroU32::MIN);
         Plan {
+            capacity,
             processes,
             keys,
             ops_per_worker,

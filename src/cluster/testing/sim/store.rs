@@ -12,6 +12,7 @@
 //! 5. a reply that comes back while the process is paused is read when it resumes.
 
 use std::future::Future;
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -49,8 +50,12 @@ pub(super) struct SimStore {
 enum Statement<'a> {
     Acquire(&'a str),
     TryAcquire(&'a str),
+    AcquirePart(&'a str, u32),
+    TryAcquirePart(&'a str, u32),
     Renew(&'a str, Fence),
+    RenewPart(&'a str, Fence),
     Release(&'a str, Fence),
+    ReleasePart(&'a str, Fence),
     ReleaseAll,
 }
 
@@ -60,8 +65,12 @@ impl Statement<'_> {
         match *self {
             Statement::Acquire(key)
             | Statement::TryAcquire(key)
+            | Statement::AcquirePart(key, _)
+            | Statement::TryAcquirePart(key, _)
             | Statement::Renew(key, _)
-            | Statement::Release(key, _) => Some(key),
+            | Statement::RenewPart(key, _)
+            | Statement::Release(key, _)
+            | Statement::ReleasePart(key, _) => Some(key),
             Statement::ReleaseAll => None,
         }
     }
@@ -81,8 +90,14 @@ impl std::fmt::Display for Statement<'_> {
         match self {
             Statement::Acquire(key) => write!(f, "acquire {key}"),
             Statement::TryAcquire(key) => write!(f, "try acquire {key}"),
+            Statement::AcquirePart(key, permits) => write!(f, "acquire {permits} of {key}"),
+            Statement::TryAcquirePart(key, permits) => {
+                write!(f, "try acquire {permits} of {key}")
+            }
             Statement::Renew(key, fence) => write!(f, "renew {key} fence {fence}"),
+            Statement::RenewPart(key, fence) => write!(f, "renew part {key} fence {fence}"),
             Statement::Release(key, fence) => write!(f, "release {key} fence {fence}"),
+            Statement::ReleasePart(key, fence) => write!(f, "release part {key} fence {fence}"),
             Statement::ReleaseAll => f.write_str("release all"),
         }
     }
@@ -201,11 +216,15 @@ impl LeaseStore for SimStore {
             Statement::Acquire(key),
             || self.inner.acquire(key),
             |taken, row, now| {
-                let free = row.is_none_or(|row| !row.is_held_at(now) || row.is_owned_by(&owner));
+                let free = row.is_none_or(|row| whole_is_free(row, &owner, now));
                 let next = row.map_or(1, |row| row.fence + 1);
+                let parts = row.map_or(0, |row| row.parts_held_at(now));
                 match taken {
                     Some(fence) if free && *fence == next => Ok(()),
                     Some(fence) if free => Err(format!("fence {fence}, where {next} was next")),
+                    Some(_) if parts > 0 => {
+                        Err(format!("taken beside part leases of {parts} permits"))
+                    }
                     Some(_) => Err("taken while another owner held it live".to_owned()),
                     None if free => Err("refused while free, expired or ours".to_owned()),
                     None => Ok(()),
@@ -221,9 +240,8 @@ impl LeaseStore for SimStore {
             Statement::TryAcquire(key),
             || self.inner.try_acquire(key),
             |taken, row, now| {
-                let free = row.is_none_or(|row| !row.is_held_at(now) || row.is_owned_by(&owner));
-                // A waiter refused the key may still be on its way (invariant 5).
-                let awaited = row.is_some_and(|row| row.wanted && row.expires_at + LEASE > now);
+                let free = row.is_none_or(|row| whole_is_free(row, &owner, now));
+                let awaited = row.is_some_and(|row| is_awaited(row, now));
                 let next = row.map_or(1, |row| row.fence + 1);
                 match taken {
                     Some(fence) if free && !awaited && *fence == next => Ok(()),
@@ -279,6 +297,96 @@ impl LeaseStore for SimStore {
         .await
     }
 
+    async fn acquire_part(
+        &self,
+        key: &str,
+        permits: NonZeroU32,
+    ) -> Result<Option<Fence>, LeaseError> {
+        let capacity = self.table.capacity().get();
+        self.run(
+            Statement::AcquirePart(key, permits.get()),
+            || self.inner.acquire_part(key, permits),
+            |taken, row, now| {
+                let refusal = row.and_then(|row| part_refusal(row, permits.get(), capacity, now));
+                let next = row.map_or(1, |row| row.fence + 1);
+                match (taken, refusal) {
+                    (Some(fence), None) if *fence == next => Ok(()),
+                    (Some(fence), None) => Err(format!("fence {fence}, where {next} was next")),
+                    (Some(_), Some(refusal)) => Err(format!("taken {refusal}")),
+                    (None, None) => Err("refused while it fitted".to_owned()),
+                    (None, Some(_)) => Ok(()),
+                }
+            },
+        )
+        .await
+    }
+
+    async fn try_acquire_part(
+        &self,
+        key: &str,
+        permits: NonZeroU32,
+    ) -> Result<Option<Fence>, LeaseError> {
+        let capacity = self.table.capacity().get();
+        self.run(
+            Statement::TryAcquirePart(key, permits.get()),
+            || self.inner.try_acquire_part(key, permits),
+            |taken, row, now| {
+                let refusal = row.and_then(|row| {
+                    part_refusal(row, permits.get(), capacity, now).or_else(|| {
+                        row.waiting_at(now)
+                            .map(|_| "while a request for it waited".to_owned())
+                    })
+                });
+                let next = row.map_or(1, |row| row.fence + 1);
+                match (taken, refusal) {
+                    (Some(fence), None) if *fence == next => Ok(()),
+                    (Some(fence), None) => Err(format!("fence {fence}, where {next} was next")),
+                    (Some(_), Some(refusal)) => Err(format!("taken {refusal}")),
+                    (None, None) => Err("refused while it fitted and nobody waited".to_owned()),
+                    (None, Some(_)) if self.table.row(key).as_ref() != row => {
+                        Err("refused, and still changed the row".to_owned())
+                    }
+                    (None, Some(_)) => Ok(()),
+                }
+            },
+        )
+        .await
+    }
+
+    async fn renew_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        let owner = self.owner().to_owned();
+        self.run(
+            Statement::RenewPart(key, fence),
+            || self.inner.renew_part(key, fence),
+            |renewed, row, now| {
+                let ours_and_live = row.is_some_and(|row| {
+                    row.parts.iter().any(|part| {
+                        part.fence == fence && part.owner == owner && part.expires_at > now
+                    })
+                });
+                expect(*renewed, ours_and_live, "the part was ours and live")
+            },
+        )
+        .await
+    }
+
+    async fn release_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+        let owner = self.owner().to_owned();
+        self.run(
+            Statement::ReleasePart(key, fence),
+            || self.inner.release_part(key, fence),
+            |released, row, _| {
+                let ours = row.is_some_and(|row| {
+                    row.parts
+                        .iter()
+                        .any(|part| part.fence == fence && part.owner == owner)
+                });
+                expect(*released, ours, "the part was ours")
+            },
+        )
+        .await
+    }
+
     async fn release_all(&self) -> Result<u64, LeaseError> {
         self.run(
             Statement::ReleaseAll,
@@ -287,6 +395,40 @@ impl LeaseStore for SimStore {
         )
         .await
     }
+}
+
+/// Whether `owner` may take `row`'s whole lease now: free, expired or ours, and no live part
+/// lease (invariants 1 and 6 of the memory store).
+fn whole_is_free(row: &Row, owner: &str, now: Instant) -> bool {
+    (!row.is_held_at(now) || row.is_owned_by(owner)) && row.parts_held_at(now) == 0
+}
+
+/// Whether a waiter refused `row` may still be on its way, so that a try must leave it
+/// (invariant 5): a whole lease wanted and ended less than a lease ago, or a refusal of any
+/// request recorded less than a lease ago.
+fn is_awaited(row: &Row, now: Instant) -> bool {
+    (row.wanted && row.expires_at + LEASE > now) || row.waiting_at(now).is_some()
+}
+
+/// Why a part lease of `permits` of `row` must be refused now, if it must (invariants 6, 7).
+fn part_refusal(row: &Row, permits: u32, capacity: u32, now: Instant) -> Option<String> {
+    if row.is_held_at(now) {
+        return Some("beside a live whole lease".to_owned());
+    }
+    let held = row.parts_held_at(now);
+    if held + permits > capacity {
+        return Some(format!(
+            "past the capacity: {permits} permits beside {held} held of {capacity}"
+        ));
+    }
+    row.waiting_at(now)
+        .filter(|waiting| waiting.permits > permits)
+        .map(|waiting| {
+            format!(
+                "past a larger request that waits: {permits} permits while {} wait",
+                waiting.permits
+            )
+        })
 }
 
 /// Passes the table's notices to one process as its listener would: lost now and then, lost

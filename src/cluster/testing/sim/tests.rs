@@ -48,6 +48,9 @@ const PLANTED: &[(PlantedBug, u64)] = &[
     (PlantedBug::HandoffPastBound, 10),
     (PlantedBug::TrySnatchesFromWaiter, 40),
     (PlantedBug::TryWaits, 10),
+    (PlantedBug::PartOverCapacity, 20),
+    (PlantedBug::WholeOverParts, 20),
+    (PlantedBug::PartOvertakesWaiter, 20),
 ];
 
 fn seeds() -> Range<u64> {

@@ -3,7 +3,9 @@
 //!
 //! A worker runs `ops` lock calls on random keys: most wait as long as it takes, some under a
 //! timeout, some with a timeout of zero, some in a task aborted part-way, and some are
-//! `try_lock`, which must answer within one statement's time. A granted
+//! tries, which must answer within one statement's time. Each asks for the whole key (`lock`,
+//! `try_lock`) or, when keys have more than one permit, now and then for some of them
+//! (`acquire`, `try_acquire`; all of them, sometimes, which is the whole key). A granted
 //! worker holds the key for a few milliseconds, sometimes for hundreds, sometimes past the
 //! lease; then it writes to the resource under its token: only if its guard says the lease is
 //! live, or, now and then, regardless (a careless holder, which the fence must stop).
@@ -23,7 +25,7 @@ use super::rng::Rng;
 use crate::cluster::ClusterGuard;
 use crate::cluster::locking::lease_store::LeaseStore;
 use crate::cluster::locking::locks::ClusterLocks;
-use crate::error::{LockError, TryLockError};
+use crate::error::{LockError, PermitsError, TryLockError, TryPermitsError};
 
 /// One worker of a simulated process.
 pub(super) struct Worker<S> {
@@ -31,6 +33,8 @@ pub(super) struct Worker<S> {
     pub(super) locks: ClusterLocks<String, S>,
     pub(super) process: Arc<ProcessClock>,
     pub(super) keys: usize,
+    /// Permits per key.
+    pub(super) capacity: u32,
     pub(super) ops: usize,
     pub(super) rng: Rng,
     pub(super) checker: Arc<Checker>,
@@ -67,7 +71,10 @@ impl<S: LeaseStore> Worker<S> {
                 9 => Call::Abort(self.rng.between(Duration::ZERO, Duration::from_millis(300))),
                 _ => Call::Try,
             };
-            if !self.once(&key, call).await {
+            // `None`: the whole key, by `lock`; else `acquire` of that many permits.
+            let permits = (self.capacity > 1 && self.rng.chance(500))
+                .then(|| 1 + self.rng.below(u64::from(self.capacity)) as u32);
+            if !self.once(&key, call, permits).await {
                 return;
             }
             let think = self.rng.between(Duration::ZERO, Duration::from_millis(10));
@@ -76,25 +83,46 @@ impl<S: LeaseStore> Worker<S> {
         self.log.event(&self.who, format_args!("done"));
     }
 
-    /// One lock call and what follows; `false` once the registry is closed.
-    async fn once(&mut self, key: &str, call: Call) -> bool {
-        self.log
-            .event(&self.who, format_args!("locks {key} ({call:?})"));
+    /// One lock call for `permits` of `key` (`None`: the whole key), and what follows;
+    /// `false` once the registry is closed.
+    async fn once(&mut self, key: &str, call: Call, permits: Option<u32>) -> bool {
+        match permits {
+            None => self
+                .log
+                .event(&self.who, format_args!("locks {key} ({call:?})")),
+            Some(permits) => self.log.event(
+                &self.who,
+                format_args!("acquires {permits} of {key} ({call:?})"),
+            ),
+        }
+        let held = permits.unwrap_or(self.capacity);
+        let ask = Ask {
+            key,
+            permits,
+            held,
+            who: &self.who,
+            checker: &self.checker,
+        };
         let id = self
             .checker
             .call_started(&self.who, key, !matches!(call, Call::Wait | Call::Try));
         let locked = match call {
-            Call::Wait => Some(lock(&self.locks, key, &self.who, &self.checker).await),
-            Call::Timeout(limit) => {
-                timeout(limit, lock(&self.locks, key, &self.who, &self.checker))
-                    .await
-                    .ok()
-            }
+            Call::Wait => Some(ask.lock(&self.locks).await),
+            Call::Timeout(limit) => timeout(limit, ask.lock(&self.locks)).await.ok(),
             Call::Abort(after) => {
                 let (locks, checker) = (self.locks.clone(), Arc::clone(&self.checker));
                 let (owned, who) = (key.to_owned(), self.who.clone());
                 let task = tokio::spawn(Pausable::new(
-                    async move { lock(&locks, &owned, &who, &checker).await },
+                    async move {
+                        let ask = Ask {
+                            key: &owned,
+                            permits,
+                            held,
+                            who: &who,
+                            checker: &checker,
+                        };
+                        ask.lock(&locks).await
+                    },
                     Arc::clone(&self.process),
                 ));
                 sleep(after).await;
@@ -106,11 +134,11 @@ impl<S: LeaseStore> Worker<S> {
             Call::Try => {
                 let started = Instant::now();
                 let tried = if self.try_waits {
-                    lock(&self.locks, key, &self.who, &self.checker)
+                    ask.lock(&self.locks)
                         .await
                         .map_err(|LockError::Closed| TryLockError::Closed)
                 } else {
-                    try_lock(&self.locks, key, &self.who, &self.checker).await
+                    ask.try_lock(&self.locks).await
                 };
                 let paused = self.process.paused_between(started, Instant::now());
                 self.checker.tried(&self.who, key, started, paused);
@@ -146,7 +174,7 @@ impl<S: LeaseStore> Worker<S> {
         let believes_live = !guard.is_lost();
         if believes_live || self.rng.chance(500) {
             self.checker
-                .write(&self.who, key, guard.fencing_token(), believes_live);
+                .write(&self.who, key, guard.fencing_token(), held, believes_live);
         }
         self.checker.released(&self.who, key);
         drop(guard);
@@ -154,29 +182,64 @@ impl<S: LeaseStore> Worker<S> {
     }
 }
 
-/// Locks `key` for `who`, and tells the checker at the instant of the grant (an aborted task's
-/// guard reaches its worker later).
-async fn lock<S: LeaseStore>(
-    locks: &ClusterLocks<String, S>,
-    key: &str,
-    who: &str,
-    checker: &Checker,
-) -> Result<Arc<ClusterGuard<String>>, LockError> {
-    let guard = Arc::new(locks.lock(key.to_owned()).await?);
-    checker.granted(who, key, &guard);
-    Ok(guard)
+/// One worker's request: `permits` of `key` (`None`: the whole key), which hold `held` of the
+/// key's permits.
+struct Ask<'a> {
+    key: &'a str,
+    permits: Option<u32>,
+    held: u32,
+    who: &'a str,
+    checker: &'a Checker,
 }
 
-/// Tries `key` for `who`, and tells the checker at the instant of the grant.
-async fn try_lock<S: LeaseStore>(
-    locks: &ClusterLocks<String, S>,
-    key: &str,
-    who: &str,
-    checker: &Checker,
-) -> Result<Arc<ClusterGuard<String>>, TryLockError> {
-    let guard = Arc::new(locks.try_lock(key.to_owned()).await?);
-    checker.granted(who, key, &guard);
-    Ok(guard)
+impl Ask<'_> {
+    /// Waits for the key, and tells the checker at the instant of the grant (an aborted
+    /// task's guard reaches its worker later).
+    async fn lock<S: LeaseStore>(
+        &self,
+        locks: &ClusterLocks<String, S>,
+    ) -> Result<Arc<ClusterGuard<String>>, LockError> {
+        let key = self.key.to_owned();
+        let guard = match self.permits {
+            None => locks.lock(key).await?,
+            Some(permits) => match locks.acquire(key, permits).await {
+                Ok(guard) => guard,
+                Err(PermitsError::Closed) => return Err(LockError::Closed),
+                Err(error) => {
+                    self.checker.fail(format!("{}: {error}", self.who));
+                    return Err(LockError::Closed);
+                }
+            },
+        };
+        Ok(self.granted(guard))
+    }
+
+    /// Tries the key, and tells the checker at the instant of the grant.
+    async fn try_lock<S: LeaseStore>(
+        &self,
+        locks: &ClusterLocks<String, S>,
+    ) -> Result<Arc<ClusterGuard<String>>, TryLockError> {
+        let key = self.key.to_owned();
+        let guard = match self.permits {
+            None => locks.try_lock(key).await?,
+            Some(permits) => match locks.try_acquire(key, permits).await {
+                Ok(guard) => guard,
+                Err(TryPermitsError::WouldBlock) => return Err(TryLockError::WouldBlock),
+                Err(TryPermitsError::Closed) => return Err(TryLockError::Closed),
+                Err(error) => {
+                    self.checker.fail(format!("{}: {error}", self.who));
+                    return Err(TryLockError::Closed);
+                }
+            },
+        };
+        Ok(self.granted(guard))
+    }
+
+    fn granted(&self, guard: ClusterGuard<String>) -> Arc<ClusterGuard<String>> {
+        let guard = Arc::new(guard);
+        self.checker.granted(self.who, self.key, &guard, self.held);
+        guard
+    }
 }
 
 /// A task of a simulated process: not polled while the process is paused, as a stopped

@@ -33,6 +33,12 @@ pub(crate) enum PlantedBug {
     TrySnatchesFromWaiter,
     /// `try_lock` waits for the key as `lock` does.
     TryWaits,
+    /// The store grants part leases past the capacity.
+    PartOverCapacity,
+    /// The store grants a whole lease over live part leases.
+    WholeOverParts,
+    /// The store grants a part lease past a larger request that waits.
+    PartOvertakesWaiter,
 }
 
 /// What one run did.
@@ -79,6 +85,7 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
         Arc::clone(&log),
         planted != Some(PlantedBug::NoFenceCheck),
         plan.max_uses,
+        plan.capacity.get(),
     ));
     // The planned windows count as faults once each; the rest are counted as they happen.
     let planned: usize = plan
@@ -87,12 +94,14 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
         .map(|process| process.pauses.len() + process.outages.len())
         .sum();
     checker.count_faults(planned as u64);
-    let table = MemoryLeaseTable::new();
-    if planted == Some(PlantedBug::RenewIgnoresFence) {
-        table.plant_renew_ignoring_fence();
-    }
-    if planted == Some(PlantedBug::TrySnatchesFromWaiter) {
-        table.plant_try_ignoring_wanted();
+    let table = MemoryLeaseTable::with_capacity(plan.capacity);
+    match planted {
+        Some(PlantedBug::RenewIgnoresFence) => table.plant_renew_ignoring_fence(),
+        Some(PlantedBug::TrySnatchesFromWaiter) => table.plant_try_ignoring_wanted(),
+        Some(PlantedBug::PartOverCapacity) => table.plant_part_ignoring_capacity(),
+        Some(PlantedBug::WholeOverParts) => table.plant_whole_ignoring_parts(),
+        Some(PlantedBug::PartOvertakesWaiter) => table.plant_part_ignoring_waiting(),
+        _ => {}
     }
     let bounds = if planted == Some(PlantedBug::HandoffPastBound) {
         CohortBounds {
@@ -213,6 +222,7 @@ impl Run {
             Arc::clone(&self.log),
         );
         let local = RegistryBuilder::new()
+            .capacity(plan.capacity)
             .shards(plan.shards)
             .execution(plan.execution)
             .router_seed(seed)
@@ -228,6 +238,7 @@ impl Run {
                     locks: locks.clone(),
                     process: Arc::clone(&clock),
                     keys: plan.keys,
+                    capacity: plan.capacity.get(),
                     ops: plan.ops_per_worker,
                     rng: Rng::new(seed, WORKER | stream | ((worker as u64) << 16)),
                     checker: Arc::clone(&self.checker),
