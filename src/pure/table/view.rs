@@ -1,37 +1,126 @@
-//! [`LockTable::snapshot`]: the view of every key held or waited for, built in one pass over
-//! the entries and one over the records, dated by the table's time marks (`marks.rs`).
+//! [`LockTable::snapshot`]: the view of every key held or waited for, dated by the table's
+//! time marks (`marks.rs`).
+//!
+//! Entries do not point at their holders (a record names its key, not the other way round),
+//! so the view joins the records to the entries. For every key that is one hash per key and
+//! one per holder. For the first `n`, the join is kept to `n` keys: a pass over the entries
+//! finds the contended keys that can make the cut, a pass over the records finds each one's
+//! oldest holder and the `n` uncontended keys held longest (one comparison per holder for most
+//! of them), and a last pass collects the holders of the `n` keys chosen. So a large table pays
+//! three linear scans and no hash per key for a short view.
 
 use std::cmp::Reverse;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::time::Duration;
 
 use super::marks::MARK_EVERY;
-use super::{Entry, LockTable, Queued, RecordState};
+use super::{Entry, EntryMap, Ledger, LockTable, Queued, RecordState};
 use crate::pure::snapshot::{HolderSnapshot, KeyHold, KeySnapshot};
+use crate::pure::table::WaiterId;
+
+/// A map from keys the view borrows, small or large.
+type KeyIndex<'t, K> = HashMap<&'t K, usize, foldhash::fast::RandomState>;
 
 /// A key's view before its key is cloned: only the keys that make the cut are.
 struct Draft<'t, K> {
     key: &'t K,
     entry: &'t Entry,
     first_waiter: Option<&'t Queued>,
+    /// The smallest token of its holders, `u64::MAX` if none has been seen.
+    oldest_token: u64,
     /// (table token, permits) of each holder.
     holders: Vec<(u64, u32)>,
 }
 
-impl<K> Draft<'_, K> {
+impl<'t, K> Draft<'t, K> {
+    fn new<D>(ledger: &Ledger<K, D>, key: &'t K, entry: &'t Entry) -> Self {
+        Draft {
+            key,
+            entry,
+            first_waiter: ledger.first_live(entry),
+            oldest_token: u64::MAX,
+            holders: Vec::new(),
+        }
+    }
+
     /// The shard's contention order, most contended first: more waiters, then the oldest
     /// holder's token (granted earlier), then the first waiter's arrival. Tokens and arrivals
     /// order grants and arrivals in time exactly, and the bounds of
     /// [`KeySnapshot::contention_order`] follow them, so this order refines that one.
     fn rank(&self) -> (Reverse<u32>, u64, u64) {
-        let oldest_token = self.holders.iter().map(|&(token, _)| token).min();
         let first_arrival = self.first_waiter.map(|queued| queued.waiter_id.arrival());
         (
             Reverse(self.entry.waiters),
-            oldest_token.unwrap_or(u64::MAX),
+            self.oldest_token,
             first_arrival.unwrap_or(u64::MAX),
         )
+    }
+}
+
+/// The `limit` keys with the oldest holders among those offered, each with its oldest
+/// holder's (token, permits): a key whose holder is older than the newest kept replaces it.
+///
+/// A key of the true first `limit` is never refused nor pushed out (that would take `limit`
+/// other keys with older holders), and its oldest holder, once offered, stays its own.
+struct OldestHeld<'t, K> {
+    limit: usize,
+    /// The keys kept by (token, order of offer), with the permits of that holder; the order
+    /// tells apart the keys of one holder of several, which share a token.
+    by_token: BTreeMap<(u64, usize), (&'t K, u32)>,
+    /// Each key kept, with its place in `by_token`.
+    kept: HashMap<&'t K, (u64, usize), foldhash::fast::RandomState>,
+    /// The newest token kept once `limit` keys are: a holder this new or newer is refused
+    /// with one comparison.
+    cut: u64,
+    offers: usize,
+}
+
+impl<'t, K: Hash + Eq> OldestHeld<'t, K> {
+    fn new(limit: usize) -> Self {
+        OldestHeld {
+            limit,
+            by_token: BTreeMap::new(),
+            kept: HashMap::default(),
+            cut: u64::MAX,
+            offers: 0,
+        }
+    }
+
+    #[inline]
+    fn offer(&mut self, key: &'t K, token: u64, permits: u32) {
+        if token >= self.cut {
+            // Newer than every key kept: neither a key to keep nor an older holder of one.
+            // Most holders of a large table end here, without a hash.
+            return;
+        }
+        self.take(key, token, permits);
+    }
+
+    fn take(&mut self, key: &'t K, token: u64, permits: u32) {
+        if let Some(place) = self.kept.get_mut(key) {
+            if token < place.0 {
+                self.by_token.remove(place);
+                *place = (token, place.1);
+                self.by_token.insert(*place, (key, permits));
+            }
+        } else {
+            if self.by_token.len() == self.limit
+                && let Some((_, (newest, _))) = self.by_token.pop_last()
+            {
+                self.kept.remove(newest);
+            }
+            let place = (token, self.offers);
+            self.offers += 1;
+            self.kept.insert(key, place);
+            self.by_token.insert(place, (key, permits));
+        }
+        if self.by_token.len() == self.limit {
+            self.cut = self
+                .by_token
+                .last_key_value()
+                .map_or(u64::MAX, |(&(newest, _), _)| newest);
+        }
     }
 }
 
@@ -60,86 +149,179 @@ where
     /// longer, then waited for longer), or the first `limit` of them; `now` is the time since
     /// the table's start, and marks it ([`mark_time`](Self::mark_time)).
     ///
-    /// Tokens are the table's own. Durations are bounds from the time marks. O(keys + records)
-    /// with one hash per key and one per holder, whatever the limit; only the keys returned
-    /// are cloned.
+    /// Tokens are the table's own. Durations are bounds from the time marks. Every key: one
+    /// hash per key and one per holder. The first `limit`: three passes over the entries and
+    /// records, hashing only into maps of about `limit` keys (see the module docs of
+    /// `table/view.rs`). Only the keys returned are cloned.
     pub fn snapshot(&mut self, now: Duration, limit: Option<usize>) -> Vec<KeySnapshot<K>> {
         self.mark_time(now);
         let LockTable { entries, ledger } = &*self;
-        let mut drafts: Vec<Draft<'_, K>> = Vec::with_capacity(entries.len());
-        let mut draft_of: HashMap<&K, usize, foldhash::fast::RandomState> =
-            HashMap::with_capacity_and_hasher(entries.len(), Default::default());
-        for (key, entry) in entries {
-            draft_of.insert(key, drafts.len());
-            drafts.push(Draft {
-                key,
-                entry,
-                first_waiter: ledger.first_live(entry),
-                holders: Vec::new(),
-            });
-        }
-        for (waiter_id, record) in ledger.records.iter() {
+        let drafts = match limit {
+            Some(limit) if limit < entries.len() => ledger.first_drafts(entries, limit),
+            _ => ledger.every_draft(entries),
+        };
+        drafts
+            .into_iter()
+            .map(|draft| ledger.view(draft, now))
+            .collect()
+    }
+}
+
+impl<K: Hash + Eq + Clone, D> Ledger<K, D> {
+    /// Each live holder: its id, its token and permits, and its key or keys.
+    fn holders(&self) -> impl Iterator<Item = (WaiterId, u64, u32, &[K])> {
+        self.records.iter().filter_map(|(waiter_id, record)| {
             let RecordState::Holding {
                 permits,
                 fencing_token,
             } = record.state
             else {
-                continue;
+                return None;
             };
-            let group = match ledger.groups.is_empty() {
+            let group = match self.groups.is_empty() {
                 true => None,
-                false => ledger.groups.get(&waiter_id),
+                false => self.groups.get(&waiter_id),
             };
             let keys = group.map_or(std::slice::from_ref(&record.key), |keys| keys);
+            Some((waiter_id, fencing_token.get(), permits.get(), keys))
+        })
+    }
+
+    /// A draft of every key, with its holders, in contention order.
+    fn every_draft<'t>(&'t self, entries: &'t EntryMap<K>) -> Vec<Draft<'t, K>> {
+        let mut drafts: Vec<Draft<'t, K>> = Vec::with_capacity(entries.len());
+        let mut draft_of: KeyIndex<'t, K> =
+            HashMap::with_capacity_and_hasher(entries.len(), Default::default());
+        for (key, entry) in entries {
+            draft_of.insert(key, drafts.len());
+            drafts.push(Draft::new(self, key, entry));
+        }
+        self.collect_holders(&mut drafts, &draft_of);
+        drafts.sort_unstable_by_key(Draft::rank);
+        drafts
+    }
+
+    /// Drafts of the first `limit` keys (fewer than there are), with their holders, in
+    /// contention order.
+    fn first_drafts<'t>(&'t self, entries: &'t EntryMap<K>, limit: usize) -> Vec<Draft<'t, K>> {
+        if limit == 0 {
+            return Vec::new();
+        }
+        // The contended keys that can make the cut: as many waiters as the `limit`-th most.
+        let mut candidates: Vec<Draft<'t, K>> = Vec::new();
+        // With nobody waiting (a count kept in O(1)), no entry is contended: no pass over them.
+        if self.counts.waiting > 0 {
+            candidates.extend(
+                entries
+                    .iter()
+                    .filter(|(_, entry)| entry.waiters > 0)
+                    .map(|(key, entry)| Draft::new(self, key, entry)),
+            );
+        }
+        if candidates.len() > limit {
+            let mut waiters: Vec<u32> =
+                candidates.iter().map(|draft| draft.entry.waiters).collect();
+            let (_, cut, _) =
+                waiters.select_nth_unstable_by_key(limit - 1, |&count| Reverse(count));
+            let cut = *cut;
+            candidates.retain(|draft| draft.entry.waiters >= cut);
+        }
+        let contended: KeyIndex<'t, K> = candidates
+            .iter()
+            .enumerate()
+            .map(|(index, draft)| (draft.key, index))
+            .collect();
+        // Their holders, and the uncontended keys held longest with their oldest holder.
+        let mut oldest = OldestHeld::new(limit);
+        for (_, token, permits, keys) in self.holders() {
             for key in keys {
-                match draft_of.get(key) {
-                    Some(&draft) => drafts[draft]
-                        .holders
-                        .push((fencing_token.get(), permits.get())),
-                    None => debug_assert!(false, "invariant 1: holder without entry"),
+                match contended.is_empty() {
+                    false if let Some(&index) = contended.get(key) => {
+                        let draft = &mut candidates[index];
+                        draft.holders.push((token, permits));
+                        draft.oldest_token = draft.oldest_token.min(token);
+                    }
+                    _ => oldest.offer(key, token, permits),
                 }
             }
         }
-        if let Some(limit) = limit
-            && limit < drafts.len()
-        {
-            drafts.select_nth_unstable_by_key(limit, Draft::rank);
-            drafts.truncate(limit);
-        }
-        drafts.sort_unstable_by_key(Draft::rank);
-        let capacity = ledger.capacity.get();
-        drafts
-            .into_iter()
-            .map(|mut draft| {
-                draft.holders.sort_unstable();
-                let permits = draft.entry.permits;
-                KeySnapshot {
-                    key: draft.key.clone(),
-                    hold: match (permits, draft.holders.len()) {
-                        (0, _) => KeyHold::NotHeld,
-                        (held, 1) if held == capacity => KeyHold::Exclusive,
-                        (held, _) => KeyHold::Shared {
-                            permits: held,
-                            capacity,
-                        },
-                    },
-                    holders: draft
-                        .holders
-                        .iter()
-                        .map(|&(token, permits)| HolderSnapshot {
-                            fencing_token: token,
-                            permits,
-                            held_for: ledger.marks.since_token(token, now),
-                        })
-                        .collect(),
-                    waiters: draft.entry.waiters,
-                    first_waiter_permits: draft.first_waiter.map(|queued| queued.permits.get()),
-                    oldest_waited: draft
-                        .first_waiter
-                        .map(|queued| ledger.marks.since_arrival(queued.waiter_id.arrival(), now)),
+        for ((token, _), (key, permits)) in oldest.by_token {
+            match entries.get_key_value(key) {
+                Some((key, entry)) => {
+                    let mut draft = Draft::new(self, key, entry);
+                    draft.oldest_token = token;
+                    draft.holders.push((token, permits));
+                    candidates.push(draft);
                 }
+                None => debug_assert!(false, "invariant 1: holder without entry"),
+            }
+        }
+        if candidates.len() > limit {
+            candidates.select_nth_unstable_by_key(limit, Draft::rank);
+            candidates.truncate(limit);
+        }
+        candidates.sort_unstable_by_key(Draft::rank);
+        // A key whose one holder holds all its held permits has no other (each holds one at
+        // least); the keys shared by several need one more pass to find the rest.
+        let shared: KeyIndex<'t, K> = candidates
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, draft)| {
+                draft.holders.len() == 1 && draft.holders[0].1 != draft.entry.permits
             })
-            .collect()
+            .map(|(index, draft)| {
+                draft.holders.clear();
+                (draft.key, index)
+            })
+            .collect();
+        if !shared.is_empty() {
+            self.collect_holders(&mut candidates, &shared);
+        }
+        candidates
+    }
+
+    /// Gives each draft of `draft_of` its holders, and its oldest token.
+    fn collect_holders(&self, drafts: &mut [Draft<'_, K>], draft_of: &KeyIndex<'_, K>) {
+        for (_, token, permits, keys) in self.holders() {
+            for key in keys {
+                if let Some(&index) = draft_of.get(key) {
+                    let draft = &mut drafts[index];
+                    draft.holders.push((token, permits));
+                    draft.oldest_token = draft.oldest_token.min(token);
+                }
+            }
+        }
+    }
+
+    /// The view of one drafted key, dated at `now`.
+    fn view(&self, mut draft: Draft<'_, K>, now: Duration) -> KeySnapshot<K> {
+        draft.holders.sort_unstable();
+        let capacity = self.capacity.get();
+        KeySnapshot {
+            key: draft.key.clone(),
+            hold: match (draft.entry.permits, draft.holders.len()) {
+                (0, _) => KeyHold::NotHeld,
+                (held, 1) if held == capacity => KeyHold::Exclusive,
+                (held, _) => KeyHold::Shared {
+                    permits: held,
+                    capacity,
+                },
+            },
+            holders: draft
+                .holders
+                .iter()
+                .map(|&(token, permits)| HolderSnapshot {
+                    fencing_token: token,
+                    permits,
+                    held_for: self.marks.since_token(token, now),
+                })
+                .collect(),
+            waiters: draft.entry.waiters,
+            first_waiter_permits: draft.first_waiter.map(|queued| queued.permits.get()),
+            oldest_waited: draft
+                .first_waiter
+                .map(|queued| self.marks.since_arrival(queued.waiter_id.arrival(), now)),
+        }
     }
 }
 
@@ -402,6 +584,101 @@ mod tests {
             let top = keys(table.snapshot(secs(1), Some(limit)));
             assert_eq!(top, all[..limit.min(4)], "limit {limit}");
         }
+    }
+
+    /// The view of `key` in `view`, if there.
+    fn shown<'v, K: PartialEq>(view: &'v [KeySnapshot<K>], key: &K) -> Option<&'v KeySnapshot<K>> {
+        view.iter().find(|shown| shown.key == *key)
+    }
+
+    #[test]
+    fn the_first_n_are_the_first_n_of_every_key_in_random_tables() {
+        // xorshift: a fixed sequence, no dependency.
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move |below: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % below
+        };
+        for round in 0..300 {
+            let mut table: LockTable<u64, ()> =
+                LockTable::with_capacity(NonZeroU32::new(2).unwrap());
+            let (mut holding, mut waiting) = (Vec::new(), Vec::new());
+            let mut granted = Vec::new();
+            for _ in 0..next(60) {
+                let key = next(12);
+                let acquired = match next(6) {
+                    0 | 1 => table.acquire(key, ()),
+                    2 | 3 => table.acquire_permits(key, table.permits(1).unwrap(), ()),
+                    4 => table.acquire_all(KeySet::new([key, next(12)]).unwrap(), ()),
+                    _ if !holding.is_empty() => {
+                        let holder = holding.swap_remove(next(holding.len() as u64) as usize);
+                        table.release(holder, &mut granted).unwrap();
+                        continue;
+                    }
+                    _ if !waiting.is_empty() => {
+                        let waiter = waiting.swap_remove(next(waiting.len() as u64) as usize);
+                        let _ = table.cancel(waiter, &mut granted);
+                        continue;
+                    }
+                    _ => continue,
+                };
+                match acquired {
+                    Acquired::Granted(grant) => holding.push(grant.waiter_id),
+                    Acquired::Queued(waiter_id) => waiting.push(waiter_id),
+                }
+                for grant in granted.drain(..) {
+                    waiting.retain(|waiter| *waiter != grant.waiter_id);
+                    holding.push(grant.waiter_id);
+                }
+            }
+            table.check_invariants().unwrap();
+            let now = secs(round);
+            let every = table.snapshot(now, None);
+            for limit in 0..=every.len() + 1 {
+                let first = table.snapshot(now, Some(limit));
+                assert_eq!(first.len(), limit.min(every.len()), "round {round}");
+                let order = |view: &[KeySnapshot<u64>]| -> Vec<(u32, Option<u64>)> {
+                    view.iter()
+                        .map(|shown| {
+                            (
+                                shown.waiters,
+                                shown.holders.first().map(|h| h.fencing_token),
+                            )
+                        })
+                        .collect()
+                };
+                assert_eq!(
+                    order(&first),
+                    order(&every[..first.len()]),
+                    "round {round}, limit {limit}"
+                );
+                for view in &first {
+                    assert_eq!(
+                        Some(view),
+                        shown(&every, &view.key),
+                        "round {round}, limit {limit}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_offered_again_with_an_older_holder_keeps_the_older() {
+        // Records outside the window come in no order, so a key's older holder can come last.
+        let mut oldest = super::OldestHeld::new(2);
+        oldest.offer(&"shared", 10, 1);
+        oldest.offer(&"other", 5, 1);
+        oldest.offer(&"shared", 3, 1);
+        oldest.offer(&"newer", 4, 1);
+        let kept: Vec<(u64, &str)> = oldest
+            .by_token
+            .iter()
+            .map(|(&(token, _), (key, _))| (token, **key))
+            .collect();
+        assert_eq!(kept, [(3, "shared"), (4, "newer")]);
     }
 
     #[test]
