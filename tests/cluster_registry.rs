@@ -25,7 +25,8 @@ pub(crate) async fn fresh_prefix(prefix: &str) -> String {
         .batch_execute(&format!(
             "DROP TABLE IF EXISTS \"{prefix}leases\", \"{prefix}fences\", \"{prefix}run\", \
              \"{prefix}counters\", \"{prefix}job_schedule\", \"{prefix}job_workers\", \
-             \"{prefix}job_runs\";"
+             \"{prefix}job_runs\", \"{prefix}provider_runs\", \"{prefix}provider_workers\", \
+             \"{prefix}provider_calls\";"
         ))
         .await
         .expect("dropping the test's tables");

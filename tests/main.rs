@@ -12,7 +12,11 @@ mod cluster_blocking;
 #[cfg(feature = "postgres")]
 mod cluster_jobs;
 #[cfg(feature = "postgres")]
+mod cluster_permits;
+#[cfg(feature = "postgres")]
 mod cluster_processes;
+#[cfg(feature = "postgres")]
+mod cluster_rate_limit;
 #[cfg(feature = "postgres")]
 mod cluster_registry;
 #[cfg(feature = "postgres")]

@@ -614,7 +614,10 @@ impl Statements {
         // - An acquisition takes the row if free, expired or ours, with no live part lease
         //   (invariants 1, 2, 6), or else marks it wanted, so that its release is announced
         //   (invariant 4), and records a waiting mark of the whole capacity, the largest
-        //   request there is (invariant 7). Taking it from another owner clears both marks.
+        //   request there is (invariant 7). Taking it from another owner clears both marks,
+        //   but keeps `wanted` if a waiting mark lives and keys have several permits: then a
+        //   smaller request may have been held back by the mark while the key was free, and
+        //   only this holder's release, announced, tells it to ask again.
         // - A renewal extends the lease only if it is ours under its fence and live, a
         //   release frees it only if it is ours under its fence (invariant 3); both leave
         //   `wanted` as it is, for the release's announcement.
@@ -647,6 +650,7 @@ impl Statements {
                  wanted = CASE WHEN NOT {acquiring} THEN held.wanted \
                                WHEN {free} \
                                THEN coalesce(held.owner = excluded.owner AND held.wanted, false) \
+                                    OR (held.wanted AND $7 > 1 AND {mark_live}) \
                                ELSE true END, \
                  waiting_permits = CASE WHEN NOT {acquiring} THEN held.waiting_permits \
                                         WHEN {free} THEN 0 ELSE $7 END, \

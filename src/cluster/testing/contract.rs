@@ -86,6 +86,7 @@ macro_rules! contract_tests {
             a_part_lease_runs_out_and_its_permits_come_back,
             only_its_owner_renews_or_releases_a_part_and_only_while_it_is_there,
             a_part_release_is_announced_when_a_request_waits,
+            a_request_held_back_by_a_larger_one_hears_of_the_key_after_it,
             a_try_of_a_part_leaves_the_key_to_a_waiter_and_changes_nothing,
             release_all_releases_our_parts_too,
             a_part_of_no_permits_or_of_the_whole_capacity_is_refused,
@@ -502,6 +503,22 @@ pub(crate) async fn a_part_release_is_announced_when_a_request_waits<B: Backend>
     assert_eq!(waiter.acquire_part("k", permits(1)).await.ok(), Some(None));
     assert_eq!(a.release_part("k", 1).await.ok(), Some(true));
     assert_eq!(next_notice(&mut notices).await, released("k"));
+}
+
+pub(crate) async fn a_request_held_back_by_a_larger_one_hears_of_the_key_after_it<B: Backend>() {
+    let (_backend, [(a, _), (writer, _), (reader, mut notices)]) =
+        three_sharing::<B>("held_back", 3, [LONG_LEASE; 3]).await;
+    assert_eq!(part(&a, "k", 2).await, 1);
+    assert_eq!(writer.acquire("k").await.ok(), Some(None), "a part is live");
+    assert_eq!(a.release_part("k", 1).await.ok(), Some(true));
+    assert_eq!(next_notice(&mut notices).await, released("k"));
+    // The reader asks first: the key is free, but the writer waits, so it is held back.
+    assert_eq!(reader.acquire_part("k", permits(1)).await.ok(), Some(None));
+    let fence = acquired(&writer, "k").await;
+    // The reader was refused while the key was free: only the writer's release can tell it.
+    assert_eq!(writer.release("k", fence).await.ok(), Some(true));
+    assert_eq!(next_notice(&mut notices).await, released("k"));
+    assert_eq!(part(&reader, "k", 1).await, fence + 1);
 }
 
 pub(crate) async fn a_try_of_a_part_leaves_the_key_to_a_waiter_and_changes_nothing<B: Backend>() {

@@ -21,9 +21,10 @@
 //!    key's one counter.
 //! 7. A refused acquisition records its size (the whole of the capacity for a whole lease) as
 //!    the key's waiting mark, for a lease; while the mark lives, no smaller request is granted,
-//!    and a grant at least as large clears it. A part grant on a wanted key that leaves
-//!    permits free announces the key, so that requests a larger one's mark held back ask
-//!    again.
+//!    and a grant at least as large clears it. A request the mark held back was refused while
+//!    the key may have been free, so it hears of the key only through announcements: a part
+//!    grant on a wanted key that leaves permits free announces the key, and a whole grant
+//!    made while a mark lives keeps the key wanted, so that its release is announced.
 //!
 //! What it does not have: a connection (no call fails, none is cut, none times out) and a
 //! listener (notices cannot be lost, so it never says [`LeaseNotice::Missed`] unless a
@@ -375,8 +376,11 @@ impl LeaseStore for MemoryLeaseStore {
             return Ok(None);
         }
         // Ours too, as in `postgres`: an acquire whose reply was lost must not block the key.
-        // Taken from another owner (or from nobody): whoever wanted it was told.
-        row.wanted &= row.is_owned_by(&self.owner);
+        // Taken from another owner (or from nobody): whoever wanted it was told, unless a
+        // smaller request was held back by a live waiting mark while the key was free: it
+        // hears of the key only through this holder's release (invariant 7).
+        let held_back = capacity > 1 && row.waiting_at(now).is_some();
+        row.wanted &= row.is_owned_by(&self.owner) || held_back;
         row.owner = Some(self.owner.clone());
         row.fence += 1;
         row.expires_at = expires_at;
