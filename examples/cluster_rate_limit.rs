@@ -52,8 +52,11 @@ use keyed_locks::ClusterRegistry;
 
 #[path = "shared/database.rs"]
 mod database;
+#[path = "shared/run.rs"]
+mod run;
 
 use database::{Error, default_database_url, open};
+use run::{Run, Runs};
 
 /// A concurrency limit shared by every replica.
 #[derive(Debug, Parser)]
@@ -80,128 +83,32 @@ struct Options {
     hold_ms: u64,
 }
 
-/// How far ahead of the first process's start a run begins: time for the others to join.
-const JOIN_MARGIN: Duration = Duration::from_secs(1);
-
 /// The demo's tables, on a connection of their own.
 struct Provider {
     client: tokio_postgres::Client,
-    runs: String,
-    workers: String,
+    runs: Runs,
     calls: String,
-}
-
-/// The run this process joined.
-struct Run {
-    run: i64,
-    worker: i64,
-    /// How long until the run begins.
-    starts_in: Duration,
 }
 
 impl Provider {
     async fn connect(options: &Options) -> Result<Provider, Error> {
         let client = open(&options.database_url).await?;
         let prefix = &options.prefix;
-        let provider = Provider {
-            client,
-            runs: format!("\"{prefix}provider_runs\""),
-            workers: format!("\"{prefix}provider_workers\""),
-            calls: format!("\"{prefix}provider_calls\""),
-        };
-        let tables = [
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} (one_row boolean PRIMARY KEY CHECK (one_row), \
-                 run bigint NOT NULL, starts_at timestamptz NOT NULL)",
-                provider.runs
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} \
-                 (worker bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, run bigint NOT NULL, \
-                  pid bigint NOT NULL, done boolean NOT NULL DEFAULT false)",
-                provider.workers
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} \
+        let runs = Runs::create(&client, prefix, "provider").await?;
+        let calls = format!("\"{prefix}provider_calls\"");
+        database::create(
+            &client,
+            &format!(
+                "CREATE TABLE IF NOT EXISTS {calls} \
                  (call bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, run bigint NOT NULL, \
-                  pid bigint NOT NULL, started timestamptz NOT NULL, ended timestamptz)",
-                provider.calls
+                  pid bigint NOT NULL, started timestamptz NOT NULL, ended timestamptz)"
             ),
-        ];
-        for table in &tables {
-            database::create(&provider.client, table).await?;
-        }
-        Ok(provider)
-    }
-
-    /// Joins the run under way, or starts a new one if every worker of the last is done.
-    async fn join(&mut self) -> Result<Run, Error> {
-        let margin_ms = i64::try_from(JOIN_MARGIN.as_millis())?;
-        let transaction = self.client.transaction().await?;
-        transaction
-            .execute(
-                &format!(
-                    "INSERT INTO {} (one_row, run, starts_at) \
-                     VALUES (true, 0, clock_timestamp()) ON CONFLICT (one_row) DO NOTHING",
-                    self.runs
-                ),
-                &[],
-            )
-            .await?;
-        // The row's lock, held to the commit, orders joins and finishes of every process.
-        let row = transaction
-            .query_one(&format!("SELECT run FROM {} FOR UPDATE", self.runs), &[])
-            .await?;
-        let mut run: i64 = row.get(0);
-        let not_done: i64 = transaction
-            .query_one(
-                &format!(
-                    "SELECT count(*) FROM {} WHERE run = $1 AND NOT done",
-                    self.workers
-                ),
-                &[&run],
-            )
-            .await?
-            .get(0);
-        if not_done == 0 {
-            run += 1;
-            transaction
-                .execute(
-                    &format!(
-                        "UPDATE {} SET run = $1, \
-                         starts_at = clock_timestamp() + $2::bigint * interval '1 millisecond'",
-                        self.runs
-                    ),
-                    &[&run, &margin_ms],
-                )
-                .await?;
-        }
-        let worker: i64 = transaction
-            .query_one(
-                &format!(
-                    "INSERT INTO {} (run, pid) VALUES ($1, $2) RETURNING worker",
-                    self.workers
-                ),
-                &[&run, &i64::from(std::process::id())],
-            )
-            .await?
-            .get(0);
-        let starts_in_ms: f64 = transaction
-            .query_one(
-                &format!(
-                    "SELECT greatest(extract(epoch FROM starts_at - clock_timestamp()), 0)::float8 \
-                     * 1000 FROM {}",
-                    self.runs
-                ),
-                &[],
-            )
-            .await?
-            .get(0);
-        transaction.commit().await?;
-        Ok(Run {
-            run,
-            worker,
-            starts_in: Duration::from_secs_f64(starts_in_ms / 1000.0),
+        )
+        .await?;
+        Ok(Provider {
+            client,
+            runs,
+            calls,
         })
     }
 
@@ -226,32 +133,6 @@ impl Provider {
         );
         self.client.execute(&statement, &[&call]).await?;
         Ok(())
-    }
-
-    /// Marks this process done; whether it was the run's last worker.
-    async fn finish(&mut self, run: &Run) -> Result<bool, Error> {
-        let transaction = self.client.transaction().await?;
-        transaction
-            .execute(&format!("SELECT 1 FROM {} FOR UPDATE", self.runs), &[])
-            .await?;
-        transaction
-            .execute(
-                &format!("UPDATE {} SET done = true WHERE worker = $1", self.workers),
-                &[&run.worker],
-            )
-            .await?;
-        let not_done: i64 = transaction
-            .query_one(
-                &format!(
-                    "SELECT count(*) FROM {} WHERE run = $1 AND NOT done",
-                    self.workers
-                ),
-                &[&run.run],
-            )
-            .await?
-            .get(0);
-        transaction.commit().await?;
-        Ok(not_done == 0)
     }
 
     /// The most calls of the run in flight at one moment: every start counts one up and every
@@ -287,7 +168,7 @@ async fn main() -> Result<(), Error> {
         .connect()
         .await?;
     let mut provider = Provider::connect(&options).await?;
-    let run = provider.join().await?;
+    let run = provider.runs.join(&mut provider.client).await?;
     tokio::time::sleep(run.starts_in).await;
 
     let provider = std::sync::Arc::new(provider);
@@ -321,7 +202,7 @@ async fn main() -> Result<(), Error> {
     let mut provider =
         std::sync::Arc::into_inner(provider).ok_or("the tasks still hold the provider")?;
     let run = std::sync::Arc::into_inner(run).ok_or("the tasks still hold the run")?;
-    if provider.finish(&run).await? {
+    if provider.runs.finish(&mut provider.client, &run).await? {
         let peak = provider.peak(&run).await?;
         say(format_args!("peak in flight across processes: {peak}"));
         if peak > i64::from(options.capacity.get()) {

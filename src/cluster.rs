@@ -32,5 +32,6 @@ mod testing;
 #[cfg(feature = "postgres")]
 pub use error::ClusterError;
 pub use locking::guard::ClusterGuard;
+pub use locking::multi_guard::ClusterMultiGuard;
 #[cfg(feature = "postgres")]
 pub use registry::{ClusterBuilder, ClusterRegistry};

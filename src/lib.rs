@@ -299,7 +299,7 @@ pub struct RecordReplayDoctests;
 pub struct ObservabilityDoctests;
 
 #[cfg(feature = "postgres")]
-pub use cluster::{ClusterBuilder, ClusterError, ClusterGuard, ClusterRegistry};
+pub use cluster::{ClusterBuilder, ClusterError, ClusterGuard, ClusterMultiGuard, ClusterRegistry};
 pub use error::{
     AcquireError, JournalError, LockError, PermitsError, TryAcquireError, TryLockError,
     TryPermitsError,

@@ -26,7 +26,8 @@ pub(crate) async fn fresh_prefix(prefix: &str) -> String {
             "DROP TABLE IF EXISTS \"{prefix}leases\", \"{prefix}fences\", \"{prefix}run\", \
              \"{prefix}counters\", \"{prefix}job_schedule\", \"{prefix}job_workers\", \
              \"{prefix}job_runs\", \"{prefix}provider_runs\", \"{prefix}provider_workers\", \
-             \"{prefix}provider_calls\";"
+             \"{prefix}provider_calls\", \"{prefix}accounts\", \"{prefix}transfer_runs\", \
+             \"{prefix}transfer_workers\";"
         ))
         .await
         .expect("dropping the test's tables");

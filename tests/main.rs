@@ -12,6 +12,8 @@ mod cluster_blocking;
 #[cfg(feature = "postgres")]
 mod cluster_jobs;
 #[cfg(feature = "postgres")]
+mod cluster_lock_all;
+#[cfg(feature = "postgres")]
 mod cluster_permits;
 #[cfg(feature = "postgres")]
 mod cluster_processes;

@@ -11,7 +11,9 @@
 //!   local registry, the lease, the guard.
 //! - `leases`: the process's leases and who in the process wants them (lock cohorting, the
 //!   heartbeat, the hand-off bound). `lease_note`: what it notes in the journal.
-//! - `guard`: [`ClusterGuard`](guard::ClusterGuard), the local guard plus the lease's fence.
+//! - `guard`: [`ClusterGuard`](guard::ClusterGuard), the local guard plus the lease's fence;
+//!   `multi_guard`: [`ClusterMultiGuard`](multi_guard::ClusterMultiGuard), the same for a set
+//!   of keys.
 //! - `notices`: the channel from a store's release announcements to the waiters.
 //! - `entropy`: random bits for owner names and jitter, without a dependency.
 
@@ -21,4 +23,5 @@ pub(crate) mod lease_note;
 pub(crate) mod lease_store;
 pub(crate) mod leases;
 pub(crate) mod locks;
+pub(crate) mod multi_guard;
 pub(crate) mod notices;

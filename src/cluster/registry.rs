@@ -2,6 +2,7 @@
 //! that share one PostgreSQL database.
 
 use std::fmt;
+use std::future::Future;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use crate::cluster::locking::entropy::Jitter;
 use crate::cluster::locking::guard::ClusterGuard;
 use crate::cluster::locking::leases::{self, CohortBounds, HANDOFF_BITS, Leases};
 use crate::cluster::locking::locks::ClusterLocks;
+use crate::cluster::locking::multi_guard::ClusterMultiGuard;
 use crate::cluster::postgres::config::PgLeaseConfig;
 use crate::cluster::postgres::store::PgLeaseStore;
 use crate::error::{LockError, PermitsError, TryLockError, TryPermitsError};
@@ -367,6 +369,183 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
         permits: u32,
     ) -> Result<ClusterGuard<K>, TryPermitsError> {
         self.locks.try_acquire(key, permits).await
+    }
+
+    /// Waits for every key of `keys` across the cluster and returns a guard that holds them
+    /// all, exclusively, until dropped: for work on several keys at once, such as a transfer
+    /// between two accounts served by different replicas. As [`LockRegistry::lock_all`], it
+    /// never deadlocks, whatever order callers in any process list the keys in.
+    ///
+    /// In this process the keys are taken as [`LockRegistry::lock_all`] takes them; then
+    /// their leases in one statement, all of them or none, which locks the keys' rows in key
+    /// order, as every statement does. While any key is held elsewhere, the set holds none of
+    /// their leases (it never holds some while it waits for others), and it is recorded as
+    /// waiting for each key as a writer is, so that readers of other processes do not
+    /// overtake it; it asks again when a release of any of its keys is announced, or after a
+    /// poll interval. Duplicates count once, and an empty set is granted at once. Each key has
+    /// its own lease, fence and fencing token.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe. Dropping the future gives up the local queues and any leases being taken
+    /// for it at that moment (they are recorded, then given back).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] after [`shutdown`](Self::shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .connect()
+    ///     .await?;
+    /// let transfer = registry
+    ///     .lock_all(["account:2".to_string(), "account:1".to_string()])
+    ///     .await?;
+    /// let from = transfer.fencing_token(&"account:2".to_string());
+    /// println!("debit under token {from:?}");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_all(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> impl Future<Output = Result<ClusterMultiGuard<K>, LockError>> + '_ {
+        // Collected now, so that the future does not keep the caller's iterator (which need
+        // not be `Send`).
+        let keys: Vec<K> = keys.into_iter().collect();
+        self.locks.lock_all(keys)
+    }
+
+    /// Takes every key of `keys` if all are free right now across the cluster and no request
+    /// waits for any of them, without waiting: all of them or none. At most one statement (none
+    /// if a key is held or waited for in this process). A key whose lease this process holds
+    /// idle or is giving back makes the try refused, as for [`try_lock`](Self::try_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`try_lock`](Self::try_lock).
+    ///
+    /// # Errors
+    ///
+    /// [`TryLockError::WouldBlock`] if any key is held or waited for anywhere, or the server
+    /// could not be asked (nothing is held then); [`TryLockError::Closed`] after
+    /// [`shutdown`](Self::shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use keyed_locks::TryLockError;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .connect()
+    ///     .await?;
+    /// match registry.try_lock_all(["a".to_string(), "b".to_string()]).await {
+    ///     Ok(both) => println!("holding {} keys", both.len()),
+    ///     Err(TryLockError::WouldBlock) => println!("busy; try later"),
+    ///     Err(closed) => return Err(closed.into()),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_lock_all(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> impl Future<Output = Result<ClusterMultiGuard<K>, TryLockError>> + '_ {
+        let keys: Vec<K> = keys.into_iter().collect();
+        self.locks.try_lock_all(keys)
+    }
+
+    /// Waits for every key of `keys`, parking the calling thread:
+    /// [`lock_all`](Self::lock_all) for threads outside the async runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Closed`] after [`shutdown`](Self::shutdown).
+    ///
+    /// # Panics
+    ///
+    /// As [`blocking_lock`](Self::blocking_lock), on a thread that drives an async executor.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let registry = runtime.block_on(
+    ///     keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///         .connect(),
+    /// )?;
+    /// let both = std::thread::spawn(move || {
+    ///     registry.blocking_lock_all(["a".to_string(), "b".to_string()]).map(|both| both.len())
+    /// })
+    /// .join()
+    /// .expect("the thread ran")?;
+    /// assert_eq!(both, 2);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn blocking_lock_all(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> Result<ClusterMultiGuard<K>, LockError> {
+        let _entered = self.runtime.enter();
+        block_on_named(
+            "ClusterRegistry",
+            "blocking_lock_all",
+            "lock_all",
+            self.lock_all(keys),
+        )
+    }
+
+    /// Takes every key of `keys` if all are free right now across the cluster:
+    /// [`try_lock_all`](Self::try_lock_all) for threads outside the async runtime. It parks
+    /// the thread for one statement at most.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_lock_all`](Self::try_lock_all).
+    ///
+    /// # Panics
+    ///
+    /// As [`blocking_lock`](Self::blocking_lock), on a thread that drives an async executor.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let registry = runtime.block_on(
+    ///     keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///         .connect(),
+    /// )?;
+    /// let got = std::thread::spawn(move || {
+    ///     registry.blocking_try_lock_all(["a".to_string(), "b".to_string()]).is_ok()
+    /// })
+    /// .join()
+    /// .expect("the thread ran");
+    /// println!("both now: {got}");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn blocking_try_lock_all(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> Result<ClusterMultiGuard<K>, TryLockError> {
+        let _entered = self.runtime.enter();
+        block_on_named(
+            "ClusterRegistry",
+            "blocking_try_lock_all",
+            "try_lock_all",
+            self.try_lock_all(keys),
+        )
     }
 
     /// Waits for `key`, parking the calling thread: [`lock`](Self::lock) for threads outside

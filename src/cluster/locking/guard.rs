@@ -5,7 +5,7 @@ use std::fmt;
 use tokio::sync::watch;
 
 use crate::cluster::locking::lease_store::Fence;
-use crate::cluster::locking::leases::{Interest, Lease, PartLease, Validity};
+use crate::cluster::locking::leases::{Interest, Lease, OwnedLease, Validity};
 use crate::guard::KeyGuard;
 use crate::key::LockKey;
 
@@ -28,7 +28,7 @@ pub struct ClusterGuard<K: LockKey + fmt::Display> {
     // sooner. The local lock goes before the interest, so a whole lease whose last local user
     // leaves is released after the key is free locally.
     /// The guard's own part lease; `None` for a guard of the process's whole lease.
-    part: Option<PartLease>,
+    part: Option<OwnedLease>,
     local: KeyGuard<K>,
     interest: Interest,
 }
@@ -47,7 +47,7 @@ impl<K: LockKey + fmt::Display> ClusterGuard<K> {
     }
 
     /// A guard of part of the key's permits, under its own part lease.
-    pub(crate) fn with_part(local: KeyGuard<K>, part: PartLease, interest: Interest) -> Self {
+    pub(crate) fn with_part(local: KeyGuard<K>, part: OwnedLease, interest: Interest) -> Self {
         ClusterGuard {
             fence: part.fence,
             fencing_token: part.fencing_token(),

@@ -126,6 +126,24 @@ pub(crate) trait LeaseStore: Send + Sync + 'static {
         fence: Fence,
     ) -> impl Future<Output = Result<bool, LeaseError>> + Send;
 
+    /// Takes the whole leases of every key of `keys` (sorted, no duplicates) in one step, or
+    /// none: each key is taken as [`acquire`](LeaseStore::acquire) would take it alone, and
+    /// only if every one of them can be; the fences in `keys`' order, or `None` if any is
+    /// held by another owner or by part leases (then each key is marked as an acquisition's
+    /// refusal marks it: wanted, and waited for by a request of the whole capacity). Rows
+    /// are locked in key order, as every statement locks them, so sets cannot deadlock.
+    fn acquire_all(
+        &self,
+        keys: &[String],
+    ) -> impl Future<Output = Result<Option<Vec<Fence>>, LeaseError>> + Send;
+
+    /// As [`acquire_all`](LeaseStore::acquire_all), on [`try_acquire`](LeaseStore::try_acquire)'s
+    /// terms for every key (none waited for); a refusal changes nothing.
+    fn try_acquire_all(
+        &self,
+        keys: &[String],
+    ) -> impl Future<Output = Result<Option<Vec<Fence>>, LeaseError>> + Send;
+
     /// Releases every lease this store's owner holds, whole and part, as
     /// [`release`](LeaseStore::release) does each (used by shutdown); returns the number of
     /// keys it released leases of.

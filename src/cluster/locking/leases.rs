@@ -40,7 +40,8 @@
 //!    after its caller gave up and a newer lease of the key was granted and released.
 //! 7. A guard learns that its lease is lost before any statement that gives the lease back
 //!    is sent: a release's reply can come late, and the key may be another process's by then.
-//! 8. A part lease belongs to one [`PartLease`], which gives it back when dropped, wherever
+//! 8. A part lease, and each whole lease of a `lock_all`, belongs to one [`OwnedLease`], which
+//!    gives it back when dropped, wherever
 //!    it is dropped: in the guard, or as the output of an acquisition task whose caller went
 //!    away. The process holds no whole lease of a key while it asks for a part of it: the
 //!    store would refuse the part (a whole lease excludes parts, ours too), so an idle whole
@@ -133,8 +134,9 @@ struct KeyLease {
     highest_fence: Fence,
     /// The whole lease the process holds, if any.
     held: Option<Held>,
-    /// The part leases the process holds, one per guard (invariant 8).
-    parts: Vec<HeldPart>,
+    /// The leases the process holds for one guard each (invariant 8): part leases, and the
+    /// whole leases of a `lock_all`.
+    owned: Vec<Owned>,
     /// Woken when the key's lease is announced released, or notices were missed.
     released: Arc<Notify>,
 }
@@ -146,7 +148,7 @@ impl KeyLease {
             && self.in_flight == 0
             && self.releasing == 0
             && self.held.is_none()
-            && self.parts.is_empty()
+            && self.owned.is_empty()
     }
 
     fn new() -> Self {
@@ -156,15 +158,16 @@ impl KeyLease {
             releasing: 0,
             highest_fence: 0,
             held: None,
-            parts: Vec::new(),
+            owned: Vec::new(),
             released: Arc::new(Notify::new()),
         }
     }
 }
 
-/// A part lease the process holds, as the heartbeat renews it.
-struct HeldPart {
+/// A lease the process holds for one guard, as the heartbeat renews it.
+struct Owned {
     fence: Fence,
+    kind: Kind,
     validity: watch::Sender<Validity>,
 }
 
@@ -395,6 +398,9 @@ impl<S: LeaseStore> Leases<S> {
                     held.validity.send_modify(|validity| validity.lost = true);
                     self.record(name, LeaseEvent::Lost(held.fence));
                 }
+                // So is a `lock_all`'s lease of the key, if an acquisition of ours sent before
+                // it landed after it.
+                lose_whole_leases_below(entry, fence);
                 self.record(name, LeaseEvent::Granted(fence));
                 let (validity, _) = watch::channel(Validity {
                     lost: false,
@@ -416,6 +422,130 @@ impl<S: LeaseStore> Leases<S> {
         drop(keys);
         if let Some(fence) = release {
             self.spawn_release(name.to_owned(), fence);
+        }
+    }
+
+    /// One attempt at the whole leases of every key of `names` (sorted, no duplicates) at
+    /// once, run in a task of its own: every lease, each held by an [`OwnedLease`], or
+    /// `Ok(None)` if any key was refused (then none is held). The caller holds every key
+    /// locally and gave back the process's idle leases of them first.
+    pub(crate) async fn acquire_all(
+        self: &Arc<Self>,
+        names: Vec<String>,
+        ask: Ask,
+    ) -> Result<Option<Vec<OwnedLease>>, AcquireFailed> {
+        let leases = Arc::clone(self);
+        {
+            let mut keys = self.keys();
+            for name in &names {
+                self.record(name, LeaseEvent::Requested);
+                keys.entry(name.clone())
+                    .or_insert_with(KeyLease::new)
+                    .in_flight += 1;
+            }
+        }
+        let attempt = self.runtime.spawn(async move {
+            let started = Instant::now();
+            let taken = match ask {
+                Ask::Acquire => leases.store.acquire_all(&names).await,
+                Ask::Try => leases.store.try_acquire_all(&names).await,
+            };
+            let fences = taken.as_ref().ok().cloned().flatten();
+            let owned = leases.record_all_answer(&names, fences, started);
+            match taken {
+                Ok(Some(_)) if owned.is_none() => Err(AcquireFailed(
+                    "the leases were taken, and given back: they ran out before their reply \
+                     came, or the registry is shutting down"
+                        .to_owned(),
+                )),
+                Ok(_) => Ok(owned),
+                Err(error) => Err(AcquireFailed(error.to_string())),
+            }
+        });
+        attempt
+            .await
+            .unwrap_or_else(|join_error| Err(AcquireFailed(join_error.to_string())))
+    }
+
+    /// Records the answer to an `acquire_all`: `fences` in `names`' order if it took every
+    /// key. Given back at once, as for a part (see `record_part_answer`), if the leases were
+    /// released for shutdown or ran out before the reply came. A fence above a whole lease
+    /// this process still records for the key took its row over: that lease is lost.
+    fn record_all_answer(
+        self: &Arc<Self>,
+        names: &[String],
+        fences: Option<Vec<Fence>>,
+        started: Instant,
+    ) -> Option<Vec<OwnedLease>> {
+        let mut keys = self.keys();
+        let closed = self.closed.load(Ordering::Relaxed);
+        let late = Instant::now() >= started + self.lease;
+        let mut owned = Vec::with_capacity(names.len());
+        let mut give_back = Vec::new();
+        for (at, name) in names.iter().enumerate() {
+            let entry = keys.entry(name.clone()).or_insert_with(KeyLease::new);
+            entry.in_flight -= 1;
+            let Some(fence) = fences.as_ref().and_then(|fences| fences.get(at).copied()) else {
+                if entry.is_unused() {
+                    keys.remove(name);
+                }
+                continue;
+            };
+            entry.highest_fence = entry.highest_fence.max(fence);
+            // Our own statement took the row over (ours counts as free): whatever lease of
+            // ours it held before, the process's or another set's, is gone.
+            if let Some(held) = entry.held.take_if(|held| held.fence < fence) {
+                held.validity.send_modify(|validity| validity.lost = true);
+            }
+            lose_whole_leases_below(entry, fence);
+            if closed || late {
+                give_back.push((name.clone(), fence));
+            } else {
+                owned.push(self.own(entry, name, fence, Kind::Whole, started));
+            }
+        }
+        drop(keys);
+        if let Some(fences) = &fences
+            && give_back.is_empty()
+        {
+            for (name, fence) in names.iter().zip(fences) {
+                self.record(name, LeaseEvent::Granted(*fence));
+            }
+            return Some(owned);
+        }
+        // Dropping the leases recorded gives them back.
+        drop(owned);
+        for (name, fence) in give_back {
+            self.spawn_release(name, fence);
+        }
+        None
+    }
+
+    /// Records `fence` of `kind` on `name` (whose `entry` this is) as owned by one guard, from
+    /// an acquisition that started at `started`: the guard's handle on it.
+    fn own(
+        self: &Arc<Self>,
+        entry: &mut KeyLease,
+        name: &str,
+        fence: Fence,
+        kind: Kind,
+        started: Instant,
+    ) -> OwnedLease {
+        let (validity, receiver) = watch::channel(Validity {
+            lost: false,
+            until: started + self.lease,
+        });
+        entry.owned.push(Owned {
+            fence,
+            kind,
+            validity,
+        });
+        OwnedLease {
+            users: Arc::clone(self) as Arc<dyn LocalUsers>,
+            name: name.to_owned(),
+            fence,
+            kind,
+            validity: receiver,
         }
     }
 
@@ -494,14 +624,14 @@ impl<S: LeaseStore> Leases<S> {
     }
 
     /// One attempt at a part lease of `permits` of `name`, run in a task of its own: the
-    /// lease if taken (held by the returned [`PartLease`], which gives it back when dropped,
+    /// lease if taken (held by the returned [`OwnedLease`], which gives it back when dropped,
     /// also if this caller has gone by then), `Ok(None)` if refused.
     pub(crate) async fn acquire_part(
         self: &Arc<Self>,
         name: &str,
         permits: NonZeroU32,
         ask: Ask,
-    ) -> Result<Option<PartLease>, AcquireFailed> {
+    ) -> Result<Option<OwnedLease>, AcquireFailed> {
         let leases = Arc::clone(self);
         let owned_name = name.to_owned();
         self.record(name, LeaseEvent::Requested);
@@ -541,7 +671,7 @@ impl<S: LeaseStore> Leases<S> {
         name: &str,
         taken: Option<Fence>,
         started: Instant,
-    ) -> Option<PartLease> {
+    ) -> Option<OwnedLease> {
         let mut keys = self.keys();
         let closed = self.closed.load(Ordering::Relaxed);
         let entry = keys.entry(name.to_owned()).or_insert_with(KeyLease::new);
@@ -558,19 +688,10 @@ impl<S: LeaseStore> Leases<S> {
             self.spawn_release_of(name.to_owned(), fence, Kind::Part);
             return None;
         }
-        let (validity, receiver) = watch::channel(Validity {
-            lost: false,
-            until: started + self.lease,
-        });
-        entry.parts.push(HeldPart { fence, validity });
+        let lease = self.own(entry, name, fence, Kind::Part, started);
         drop(keys);
         self.record(name, LeaseEvent::Granted(fence));
-        Some(PartLease {
-            users: Arc::clone(self) as Arc<dyn LocalUsers>,
-            name: name.to_owned(),
-            fence,
-            validity: receiver,
-        })
+        Some(lease)
     }
 
     /// Whether a release of `name`'s lease by this process is on its way: until it lands the
@@ -611,10 +732,10 @@ impl<S: LeaseStore> Leases<S> {
             .iter()
             .flat_map(|(name, entry)| {
                 let whole = entry.held.as_ref().map(|held| (held.fence, Kind::Whole));
-                let parts = entry.parts.iter().map(|part| (part.fence, Kind::Part));
+                let owned = entry.owned.iter().map(|owned| (owned.fence, owned.kind));
                 whole
                     .into_iter()
-                    .chain(parts)
+                    .chain(owned)
                     .map(|(fence, kind)| (name.clone(), fence, kind))
             })
             .collect();
@@ -632,18 +753,18 @@ impl<S: LeaseStore> Leases<S> {
         }
         while let Some(joined) = renewals.join_next().await {
             // A renewal task panics only on a bug in the store; its lease then runs out.
-            let Ok((name, fence, kind, started, renewed)) = joined else {
+            let Ok((name, fence, _kind, started, renewed)) = joined else {
                 continue;
             };
             match renewed {
-                Ok(true) => self.renewed(&name, fence, kind, started),
-                Ok(false) => self.lose(&name, fence, kind, "the lease is no longer ours"),
+                Ok(true) => self.renewed(&name, fence, started),
+                Ok(false) => self.lose(&name, fence, "the lease is no longer ours"),
                 Err(error) => {
                     let expired = self
-                        .validity_of(&mut self.keys(), &name, fence, kind)
+                        .validity_of(&mut self.keys(), &name, fence)
                         .is_some_and(|validity| validity.borrow().is_lost());
                     if expired {
-                        self.lose(&name, fence, kind, "the lease could not be renewed in time");
+                        self.lose(&name, fence, "the lease could not be renewed in time");
                     } else {
                         tracing::debug!(
                             target: "keyed_locks::cluster",
@@ -660,8 +781,8 @@ impl<S: LeaseStore> Leases<S> {
 
     /// A renewal that started at `started` succeeded. One that comes back after the lease it
     /// renewed had run out locally changes nothing: the guard may have acted on "lost".
-    fn renewed(&self, name: &str, fence: Fence, kind: Kind, started: Instant) {
-        if let Some(validity) = self.validity_of(&mut self.keys(), name, fence, kind) {
+    fn renewed(&self, name: &str, fence: Fence, started: Instant) {
+        if let Some(validity) = self.validity_of(&mut self.keys(), name, fence) {
             validity.send_if_modified(|validity| {
                 let extends = !validity.is_lost();
                 if extends {
@@ -672,52 +793,42 @@ impl<S: LeaseStore> Leases<S> {
         }
     }
 
-    /// The sender of the validity of our lease `fence` of `kind` on `name`, if we hold it.
+    /// The sender of the validity of our lease `fence` on `name`, if we hold it (a fence
+    /// names one lease of a key, whatever its kind).
     fn validity_of<'a>(
         &self,
         keys: &'a mut KeyMap,
         name: &str,
         fence: Fence,
-        kind: Kind,
     ) -> Option<&'a watch::Sender<Validity>> {
         let entry = keys.get_mut(name)?;
-        match kind {
-            Kind::Whole => entry
-                .held
-                .as_ref()
-                .filter(|held| held.fence == fence)
-                .map(|held| &held.validity),
-            Kind::Part => entry
-                .parts
+        match &entry.held {
+            Some(held) if held.fence == fence => Some(&held.validity),
+            _ => entry
+                .owned
                 .iter()
-                .find(|part| part.fence == fence)
-                .map(|part| &part.validity),
+                .find(|owned| owned.fence == fence)
+                .map(|owned| &owned.validity),
         }
     }
 
     /// The lease `fence` of `name` is lost: its guards learn it, and the next local holder
     /// acquires a new one.
-    fn lose(&self, name: &str, fence: Fence, kind: Kind, why: &str) {
+    fn lose(&self, name: &str, fence: Fence, why: &str) {
         let mut keys = self.keys();
         let Some(entry) = keys.get_mut(name) else {
             return;
         };
-        let token = match kind {
-            Kind::Whole => {
-                let Some(held) = entry.held.take_if(|held| held.fence == fence) else {
-                    return;
-                };
-                held.validity.send_modify(|validity| validity.lost = true);
-                fencing_token(fence, held.uses.saturating_sub(1))
-            }
-            Kind::Part => {
-                let Some(at) = entry.parts.iter().position(|part| part.fence == fence) else {
-                    return;
-                };
-                let part = entry.parts.swap_remove(at);
-                part.validity.send_modify(|validity| validity.lost = true);
-                fencing_token(fence, 0)
-            }
+        let token = if let Some(held) = entry.held.take_if(|held| held.fence == fence) {
+            held.validity.send_modify(|validity| validity.lost = true);
+            fencing_token(fence, held.uses.saturating_sub(1))
+        } else {
+            let Some(at) = entry.owned.iter().position(|owned| owned.fence == fence) else {
+                return;
+            };
+            let owned = entry.owned.swap_remove(at);
+            owned.validity.send_modify(|validity| validity.lost = true);
+            fencing_token(fence, 0)
         };
         if entry.is_unused() {
             keys.remove(name);
@@ -758,11 +869,11 @@ impl<S: LeaseStore> Leases<S> {
             let mut held = Vec::new();
             for (name, entry) in keys.iter_mut() {
                 let whole = entry.held.take().map(|held| (held.fence, held.validity));
-                let parts = entry
-                    .parts
+                let owned = entry
+                    .owned
                     .drain(..)
-                    .map(|part| (part.fence, part.validity));
-                for (fence, validity) in whole.into_iter().chain(parts) {
+                    .map(|owned| (owned.fence, owned.validity));
+                for (fence, validity) in whole.into_iter().chain(owned) {
                     validity.send_modify(|validity| validity.lost = true);
                     held.push((name.clone(), fence));
                 }
@@ -787,7 +898,7 @@ impl<S: LeaseStore> Leases<S> {
         let keys = self.keys();
         let held = keys
             .values()
-            .map(|entry| usize::from(entry.held.is_some()) + entry.parts.len())
+            .map(|entry| usize::from(entry.held.is_some()) + entry.owned.len())
             .sum();
         (keys.len(), held)
     }
@@ -803,8 +914,9 @@ pub(crate) trait LocalUsers: Send + Sync {
     /// A local caller of `name` is done (its guard or its `lock` future dropped).
     fn withdraw(self: Arc<Self>, name: &str);
 
-    /// The [`PartLease`] of `fence` on `name` was dropped: the part goes back (invariant 8).
-    fn give_back_part(self: Arc<Self>, name: &str, fence: Fence);
+    /// The [`OwnedLease`] of `fence` (of `kind`) on `name` was dropped: the lease goes back
+    /// (invariant 8).
+    fn give_back_owned(self: Arc<Self>, name: &str, fence: Fence, kind: Kind);
 }
 
 impl<S: LeaseStore> LocalUsers for Leases<S> {
@@ -839,42 +951,54 @@ impl<S: LeaseStore> LocalUsers for Leases<S> {
         }
     }
 
-    fn give_back_part(self: Arc<Self>, name: &str, fence: Fence) {
+    fn give_back_owned(self: Arc<Self>, name: &str, fence: Fence, kind: Kind) {
         let mut keys = self.keys();
-        let part = keys.get_mut(name).and_then(|entry| {
-            let at = entry.parts.iter().position(|part| part.fence == fence)?;
-            Some(entry.parts.swap_remove(at))
+        let owned = keys.get_mut(name).and_then(|entry| {
+            let at = entry.owned.iter().position(|owned| owned.fence == fence)?;
+            Some(entry.owned.swap_remove(at))
         });
         drop(keys);
-        // Lost before the release is sent (invariant 7); a part already lost (not renewed,
+        // Lost before the release is sent (invariant 7); a lease already lost (not renewed,
         // or released at shutdown) is released all the same: it may still be in the table.
-        if let Some(part) = part {
-            part.validity.send_modify(|validity| validity.lost = true);
+        if let Some(owned) = owned {
+            owned.validity.send_modify(|validity| validity.lost = true);
         }
         if !self.closed.load(Ordering::Relaxed) {
-            self.spawn_release_of(name.to_owned(), fence, Kind::Part);
+            self.spawn_release_of(name.to_owned(), fence, kind);
         }
     }
 }
 
-/// A part lease held for one local guard; dropping it gives the part back (invariant 8).
-pub(crate) struct PartLease {
+/// Marks lost every `lock_all` lease of `entry`'s key below `fence`: a statement of ours took
+/// the row over under `fence` (ours counts as free), so those leases are gone.
+fn lose_whole_leases_below(entry: &KeyLease, fence: Fence) {
+    for owned in &entry.owned {
+        if matches!(owned.kind, Kind::Whole) && owned.fence < fence {
+            owned.validity.send_modify(|validity| validity.lost = true);
+        }
+    }
+}
+
+/// A lease held for one local guard, a part lease or one key's whole lease of a `lock_all`;
+/// dropping it gives the lease back (invariant 8).
+pub(crate) struct OwnedLease {
     users: Arc<dyn LocalUsers>,
     name: String,
     pub(crate) fence: Fence,
+    kind: Kind,
     pub(crate) validity: watch::Receiver<Validity>,
 }
 
-impl PartLease {
+impl OwnedLease {
     /// The fencing token of its guard: the first and only use of its fence.
     pub(crate) fn fencing_token(&self) -> u64 {
         fencing_token(self.fence, 0)
     }
 }
 
-impl Drop for PartLease {
+impl Drop for OwnedLease {
     fn drop(&mut self) {
-        Arc::clone(&self.users).give_back_part(&self.name, self.fence);
+        Arc::clone(&self.users).give_back_owned(&self.name, self.fence, self.kind);
     }
 }
 
@@ -909,7 +1033,7 @@ impl Drop for Interest {
 
 /// Which kind of lease a statement acts on.
 #[derive(Debug, Clone, Copy)]
-enum Kind {
+pub(crate) enum Kind {
     Whole,
     Part,
 }

@@ -15,8 +15,9 @@ use tokio::sync::Notify;
 use crate::cluster::locking::guard::ClusterGuard;
 use crate::cluster::locking::lease_store::LeaseStore;
 use crate::cluster::locking::leases::{
-    AcquireFailed, Ask, Interest, Lease, Leases, Next, PartLease,
+    AcquireFailed, Ask, Interest, Lease, Leases, Next, OwnedLease,
 };
+use crate::cluster::locking::multi_guard::ClusterMultiGuard;
 use crate::error::{LockError, PermitsError, TryLockError, TryPermitsError};
 use crate::key::LockKey;
 use crate::registry::LockRegistry;
@@ -177,7 +178,7 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
     /// Holds the whole lease for the local holder of `interest`'s key.
     async fn lease_for(&self, interest: &Interest) -> Result<Lease, LockError> {
         let leases = &self.leases;
-        self.wait_for_lease(interest, || async move {
+        self.wait_for_lease(&[interest], || async move {
             match leases.next_for_holder(interest.name()) {
                 Next::Use(lease) => return Ok(Some(lease)),
                 Next::Acquire {
@@ -203,9 +204,9 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
         &self,
         interest: &Interest,
         permits: NonZeroU32,
-    ) -> Result<PartLease, LockError> {
+    ) -> Result<OwnedLease, LockError> {
         let leases = &self.leases;
-        self.wait_for_lease(interest, || async move {
+        self.wait_for_lease(&[interest], || async move {
             if let Some(release) = leases.give_back_whole(interest.name()) {
                 // Its release's notice wakes nobody here: the process was not refused.
                 let _round_trip = release.await;
@@ -218,11 +219,11 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
     }
 
     /// Makes `attempt`s (each a step toward holding a lease, usually one statement) until one
-    /// holds it: after a refusal, when the key's release is announced or a poll interval has
-    /// passed; after a failed statement, after a delay that doubles.
+    /// holds it: after a refusal, when the release of a key of `interests` is announced or a
+    /// poll interval has passed; after a failed statement, after a delay that doubles.
     async fn wait_for_lease<T, Attempt>(
         &self,
-        interest: &Interest,
+        interests: &[&Interest],
         mut attempt: impl FnMut() -> Attempt,
     ) -> Result<T, LockError>
     where
@@ -230,10 +231,26 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
     {
         let leases = &self.leases;
         let mut retry_delay = FIRST_RETRY_DELAY;
+        let name = interests.first().map_or("", |interest| interest.name());
         loop {
             // Listening before asking: a release announced in between is not slept through.
-            let mut released = pin!(interest.released().notified());
-            released.as_mut().enable();
+            let mut released: Vec<_> = interests
+                .iter()
+                .map(|interest| Box::pin(interest.released().notified()))
+                .collect();
+            for notified in &mut released {
+                notified.as_mut().enable();
+            }
+            let any_released = std::future::poll_fn(|cx| {
+                if released
+                    .iter_mut()
+                    .any(|notified| notified.as_mut().poll(cx).is_ready())
+                {
+                    std::task::Poll::Ready(())
+                } else {
+                    std::task::Poll::Pending
+                }
+            });
             let mut closing = pin!(self.closing.notified());
             closing.as_mut().enable();
             if self.local.is_closed() {
@@ -247,14 +264,14 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
                     tokio::select! {
                         biased;
                         () = closing => return Err(LockError::Closed),
-                        () = released => {}
+                        () = any_released => {}
                         () = tokio::time::sleep(leases.poll_interval()) => {}
                     }
                 }
                 Err(failed) => {
                     tracing::warn!(
                         target: "keyed_locks::cluster",
-                        key = %interest.name(),
+                        key = %name,
                         error = %failed.0,
                         "could not ask for a lease; trying again in {retry_delay:?}"
                     );
@@ -265,6 +282,74 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
                     }
                     retry_delay = (retry_delay * 2).min(leases.lease() / 2);
                 }
+            }
+        }
+    }
+
+    /// As [`ClusterRegistry::lock_all`](crate::ClusterRegistry::lock_all), which documents it.
+    pub(crate) async fn lock_all(&self, keys: Vec<K>) -> Result<ClusterMultiGuard<K>, LockError> {
+        let names = lease_names(&keys);
+        let local = self.local.lock_all(keys).await?;
+        // Only now, not while it waits in the local queues: an interest keeps the process's
+        // idle lease of a key (for the next local holder), and a set waiting locally for one
+        // key would keep the others' leases from every process meanwhile, which can close a
+        // cycle of waits across processes.
+        let interests: Vec<Interest> = names
+            .iter()
+            .map(|name| self.leases.register(name))
+            .collect();
+        if names.is_empty() {
+            return Ok(ClusterMultiGuard::new(local, names, Vec::new(), interests));
+        }
+        let leases = &self.leases;
+        let waiting: Vec<&Interest> = interests.iter().collect();
+        let held = self
+            .wait_for_lease(&waiting, || async {
+                // The process's idle leases of these keys go back first: the set's leases are
+                // its own, each held by the guard (invariant 8 of `leases`).
+                let releases: Vec<_> = names
+                    .iter()
+                    .filter_map(|name| leases.give_back_whole(name))
+                    .collect();
+                for release in releases {
+                    let _round_trip = release.await;
+                }
+                leases.acquire_all(names.clone(), Ask::Acquire).await
+            })
+            .await?;
+        Ok(ClusterMultiGuard::new(local, names, held, interests))
+    }
+
+    /// As [`ClusterRegistry::try_lock_all`](crate::ClusterRegistry::try_lock_all), which
+    /// documents it.
+    pub(crate) async fn try_lock_all(
+        &self,
+        keys: Vec<K>,
+    ) -> Result<ClusterMultiGuard<K>, TryLockError> {
+        let names = lease_names(&keys);
+        let local = self.local.try_lock_all(keys).await?;
+        let interests: Vec<Interest> = names
+            .iter()
+            .map(|name| self.leases.register(name))
+            .collect();
+        if names.is_empty() {
+            return Ok(ClusterMultiGuard::new(local, names, Vec::new(), interests));
+        }
+        // A lease of this process on one of the keys, idle or on its way back, is held until
+        // its release lands; a try does not wait for that.
+        let idle: Vec<_> = names
+            .iter()
+            .filter_map(|name| self.leases.give_back_whole(name))
+            .collect();
+        if !idle.is_empty() || names.iter().any(|name| self.leases.is_being_released(name)) {
+            return Err(TryLockError::WouldBlock);
+        }
+        match self.leases.acquire_all(names.clone(), Ask::Try).await {
+            Ok(Some(held)) => Ok(ClusterMultiGuard::new(local, names, held, interests)),
+            Ok(None) => Err(TryLockError::WouldBlock),
+            Err(failed) => {
+                warn_try_failed(&names.join(", "), &failed);
+                Err(TryLockError::WouldBlock)
             }
         }
     }
@@ -286,4 +371,13 @@ fn warn_try_failed(name: &str, failed: &AcquireFailed) {
         error = %failed.0,
         "could not ask for a lease; the try is refused"
     );
+}
+
+/// The lease names of `keys`: their text, sorted, each once (keys that print alike share a
+/// lease), in the order every statement locks rows.
+fn lease_names<K: fmt::Display>(keys: &[K]) -> Vec<String> {
+    let mut names: Vec<String> = keys.iter().map(ToString::to_string).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
 }

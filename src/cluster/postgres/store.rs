@@ -215,6 +215,46 @@ impl PgLeaseStore {
         Ok(made.is_some())
     }
 
+    /// `acquire_all` (`trying` false) and `try_acquire_all` (true): one statement. If it took
+    /// some keys and not others (a key's row made by another statement while it ran), the
+    /// ones it took go back at once, in the next statement, and the set is refused.
+    async fn take_all(
+        &self,
+        keys: &[String],
+        trying: bool,
+    ) -> Result<Option<Vec<Fence>>, LeaseError> {
+        for key in keys {
+            check_key(key)?;
+        }
+        debug_assert!(keys.is_sorted(), "a set's keys are sorted");
+        let core = &self.core;
+        let set = SetRequest {
+            keys,
+            trying,
+            ticket: random_u64().cast_signed(),
+        };
+        let values = core.values();
+        let rows = core
+            .query_above_floor(&core.statements.acquire_all, &values.acquire_all(&set))
+            .await?;
+        let mut taken = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            if row
+                .try_get::<_, bool>("taken")
+                .map_err(LeaseError::Statement)?
+            {
+                taken.insert(key_of(row)?, fence_of(row)?);
+            }
+        }
+        let fences: Option<Vec<Fence>> = keys.iter().map(|key| taken.get(key).copied()).collect();
+        if fences.is_none() {
+            for (key, fence) in taken {
+                self.release(&key, fence).await?;
+            }
+        }
+        Ok(fences)
+    }
+
     /// This store's owner id, as the table's `owner` column holds it (the tests look for it).
     #[cfg(test)]
     pub(crate) fn owner(&self) -> &str {
@@ -384,6 +424,14 @@ impl LeaseStore for PgLeaseStore {
         rows.first().map(fence_of).transpose()
     }
 
+    async fn acquire_all(&self, keys: &[String]) -> Result<Option<Vec<Fence>>, LeaseError> {
+        self.take_all(keys, false).await
+    }
+
+    async fn try_acquire_all(&self, keys: &[String]) -> Result<Option<Vec<Fence>>, LeaseError> {
+        self.take_all(keys, true).await
+    }
+
     async fn renew_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
         check_key(key)?;
         let Ok(fence) = i64::try_from(fence) else {
@@ -478,6 +526,12 @@ struct Statements {
     /// As `acquire_part` (without a ticket), and only if no request's refusal counts now
     /// (invariant 5); a refusal changes nothing. Returns `fence` if it took a part lease.
     try_acquire_part: String,
+    /// `$1` keys (sorted, each once), `$2` owner, `$3` lease in milliseconds, `$4` capacity,
+    /// `$5` trying, `$6` the request's ticket. Locks the keys' rows in key order and takes
+    /// every key's whole lease if each is free on `acquire`'s terms (on `try_acquire`'s when
+    /// trying), else none: marking each wanted and waited for by the whole capacity, or, when
+    /// trying, changing nothing. Returns `(key, fence, taken)` per row it wrote.
+    acquire_all: String,
     /// `$1` key, `$2` owner, `$3` lease in milliseconds, `$4` fence. Extends our live part
     /// lease; returns a row if it did.
     renew_part: String,
@@ -525,6 +579,14 @@ struct PartRequest<'a> {
     ticket: i64,
 }
 
+/// A set of keys asked for at once (sorted, each once), whether on a try's terms, and the
+/// request's ticket (as for a part).
+struct SetRequest<'a> {
+    keys: &'a [String],
+    trying: bool,
+    ticket: i64,
+}
+
 /// A statement's parameters with their types, as `query_typed` takes them.
 type Params<'v, const N: usize> = [(&'v (dyn ToSql + Sync), Type); N];
 
@@ -561,6 +623,17 @@ impl Values<'_> {
             (&self.channel, Type::TEXT),
             (&part.permits, Type::INT4),
             (&self.capacity, Type::INT4),
+        ]
+    }
+
+    fn acquire_all<'v>(&'v self, set: &'v SetRequest<'v>) -> Params<'v, 6> {
+        [
+            (&set.keys, Type::TEXT_ARRAY),
+            (&self.owner, Type::TEXT),
+            (&self.lease_millis, Type::INT8),
+            (&self.capacity, Type::INT4),
+            (&set.trying, Type::BOOL),
+            (&set.ticket, Type::INT8),
         ]
     }
 
@@ -717,6 +790,27 @@ impl Statements {
         let propose_acquired = propose_part("$7::bigint");
         // A try needs no ticket: it changes the row only if it takes it.
         let propose_tried = propose_part("NULL::bigint");
+        // A set's key is free on an acquisition's terms, and when trying ($5) on a try's: no
+        // request waits. Judged once on each row as locked (the set's decision), and again
+        // as each row is written: a row that another statement made after this one's
+        // snapshot is judged only then, and a set that finds it taken takes it partly, which
+        // the store undoes (see `acquire_all` on the store).
+        let set_lease = "$3::bigint * interval '1 millisecond'";
+        let try_terms = format!(
+            "(NOT $5 OR (NOT {mark_live} \
+              AND NOT (held.wanted AND held.expires_at + {set_lease} > statement_timestamp())))"
+        );
+        let set_key_free = format!(
+            "((held.owner IS NULL OR held.owner = $2 \
+               OR held.expires_at <= statement_timestamp()) \
+              AND {no_live_parts} AND {try_terms})"
+        );
+        let set_takes = format!(
+            "(excluded.owner IS NOT NULL \
+              AND (held.owner IS NULL OR held.owner = excluded.owner \
+                   OR held.expires_at <= statement_timestamp()) \
+              AND {no_live_parts} AND {try_terms})"
+        );
         Statements {
             // "Ours" too: an acquire of ours that was applied but whose reply was lost must not
             // block the key until it runs out. Taking it again with a new fence is safe: the
@@ -826,6 +920,47 @@ impl Statements {
                              THEN pg_notify($4, key)::text END AS announced, \
                         {async_commit} \
                  FROM taken"
+            ),
+            acquire_all: format!(
+                "WITH locked AS ( \
+                   SELECT held.key, {set_key_free} AS free \
+                   FROM {table} AS held WHERE held.key = ANY($1) \
+                   ORDER BY held.key COLLATE \"C\" FOR UPDATE), \
+                 decision AS ( \
+                   SELECT coalesce(bool_and(locked.free), true) AS all_free FROM locked), \
+                 changed AS ( \
+                   INSERT INTO {table} AS held \
+                     (key, owner, fence, expires_at, wanted, granted_ticket, \
+                      waiting_permits, waiting_until) \
+                   SELECT given.key, CASE WHEN decision.all_free THEN $2 END, \
+                          (SELECT floor FROM {run}), clock_timestamp() + {set_lease}, \
+                          NOT decision.all_free, \
+                          CASE WHEN decision.all_free THEN $6::bigint END, \
+                          CASE WHEN decision.all_free THEN 0 ELSE $4 END, \
+                          CASE WHEN NOT decision.all_free \
+                               THEN clock_timestamp() + {set_lease} END \
+                   FROM unnest($1::text[]) WITH ORDINALITY AS given(key, position), decision \
+                   WHERE coalesce((SELECT quiet_until FROM {run}) <= clock_timestamp(), true) \
+                     AND (decision.all_free OR NOT $5) \
+                   ORDER BY given.position \
+                   ON CONFLICT (key) DO UPDATE \
+                   SET owner = CASE WHEN {set_takes} THEN excluded.owner ELSE held.owner END, \
+                       fence = CASE WHEN {set_takes} THEN GREATEST(held.fence + 1, excluded.fence) \
+                                    ELSE held.fence END, \
+                       expires_at = CASE WHEN {set_takes} THEN excluded.expires_at \
+                                         ELSE held.expires_at END, \
+                       granted_ticket = CASE WHEN {set_takes} THEN excluded.granted_ticket \
+                                             ELSE held.granted_ticket END, \
+                       wanted = CASE WHEN {set_takes} \
+                                     THEN coalesce(held.owner = excluded.owner AND held.wanted, \
+                                                   false) \
+                                          OR (held.wanted AND $4 > 1 AND {mark_live}) \
+                                     ELSE true END, \
+                       waiting_permits = CASE WHEN {set_takes} THEN 0 ELSE $4 END, \
+                       waiting_until = CASE WHEN {set_takes} THEN NULL \
+                                            ELSE clock_timestamp() + {set_lease} END \
+                   RETURNING key, fence, coalesce(granted_ticket = $6, false) AS taken) \
+                 SELECT key, fence, taken, {async_commit} FROM changed"
             ),
             renew_part: format!(
                 "WITH renewed AS ( \

@@ -90,6 +90,9 @@ macro_rules! contract_tests {
             a_try_of_a_part_leaves_the_key_to_a_waiter_and_changes_nothing,
             release_all_releases_our_parts_too,
             a_part_of_no_permits_or_of_the_whole_capacity_is_refused,
+            a_set_is_taken_whole_or_not_at_all,
+            a_refused_set_waits_for_each_key_as_a_writer_does,
+            a_try_of_a_set_changes_nothing_and_leaves_its_keys_to_waiters,
         );
     };
     (@each #[$test:meta] $backend:ty; $($rule:ident),* $(,)?) => {
@@ -571,4 +574,90 @@ pub(crate) async fn a_part_of_no_permits_or_of_the_whole_capacity_is_refused<B: 
         ));
     }
     assert_eq!(backend.row("k").await, None, "nothing was sent");
+}
+
+// Sets of keys (`acquire_all`).
+
+fn set(keys: &[&str]) -> Vec<String> {
+    keys.iter().map(|&key| key.to_owned()).collect()
+}
+
+pub(crate) async fn a_set_is_taken_whole_or_not_at_all<B: Backend>() {
+    let (backend, (holder, _), (other, _)) = two::<B>("set_whole", LONG_LEASE).await;
+    assert_eq!(acquired(&holder, "b").await, 1);
+    assert_eq!(
+        other.acquire_all(&set(&["a", "b", "c"])).await.ok(),
+        Some(None)
+    );
+    for key in ["a", "c"] {
+        let row = backend.row(key).await;
+        assert!(
+            row.as_ref().is_none_or(|(owner, _)| owner.is_none()),
+            "{key} was taken alone: {row:?}"
+        );
+    }
+    assert_eq!(holder.release("b", 1).await.ok(), Some(true));
+    let fences = other
+        .acquire_all(&set(&["a", "b", "c"]))
+        .await
+        .ok()
+        .flatten()
+        .expect("every key is free");
+    assert_eq!(fences[1], 2, "b's next fence");
+    for (key, fence) in ["a", "b", "c"].into_iter().zip(&fences) {
+        assert_eq!(
+            backend.row(key).await,
+            Some((Some(B::owner(&other)), *fence))
+        );
+        assert_eq!(other.renew(key, *fence).await.ok(), Some(true));
+    }
+    // Each is a whole lease of its own, released alone.
+    assert_eq!(other.release("a", fences[0]).await.ok(), Some(true));
+    assert_eq!(holder.acquire("a").await.ok(), Some(Some(fences[0] + 1)));
+    assert_eq!(holder.acquire("c").await.ok(), Some(None));
+}
+
+pub(crate) async fn a_refused_set_waits_for_each_key_as_a_writer_does<B: Backend>() {
+    let (_backend, [(holder, _), (sets, mut notices), (reader, _)]) =
+        three_sharing::<B>("set_waits", 2, [LONG_LEASE; 3]).await;
+    assert_eq!(acquired(&holder, "b").await, 1);
+    assert_eq!(sets.acquire_all(&set(&["a", "b"])).await.ok(), Some(None));
+    // "a" is free, but a set waits for it as a writer: a reader does not overtake it.
+    assert_eq!(reader.acquire_part("a", permits(1)).await.ok(), Some(None));
+    assert_eq!(holder.release("b", 1).await.ok(), Some(true));
+    assert_eq!(next_notice(&mut notices).await, released("b"));
+    assert!(
+        sets.acquire_all(&set(&["a", "b"]))
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    );
+}
+
+pub(crate) async fn a_try_of_a_set_changes_nothing_and_leaves_its_keys_to_waiters<B: Backend>() {
+    let (backend, [(holder, _), (waiter, _), (tryer, _)]) =
+        three_sharing::<B>("set_try", 1, [LONG_LEASE, SHORT_LEASE, SHORT_LEASE]).await;
+    assert_eq!(acquired(&holder, "b").await, 1);
+    let before = (backend.row("a").await, backend.row("b").await);
+    assert_eq!(
+        tryer.try_acquire_all(&set(&["a", "b"])).await.ok(),
+        Some(None)
+    );
+    assert_eq!((backend.row("a").await, backend.row("b").await), before);
+    // A waiter for "b": once released, "b" is its, not the try's.
+    assert_eq!(waiter.acquire("b").await.ok(), Some(None));
+    assert_eq!(holder.release("b", 1).await.ok(), Some(true));
+    assert_eq!(
+        tryer.try_acquire_all(&set(&["a", "b"])).await.ok(),
+        Some(None)
+    );
+    // A waiter that went away: a lease after, the set is free for a try.
+    sleep(PAST_SHORT_LEASE).await;
+    let fences = tryer
+        .try_acquire_all(&set(&["a", "b"]))
+        .await
+        .ok()
+        .flatten();
+    assert_eq!(fences.map(|fences| fences[1]), Some(2));
 }

@@ -83,6 +83,16 @@ impl LeaseStore for HeldStore {
         Self::held(hold, self.inner.try_acquire_part(key, permits)).await
     }
 
+    async fn acquire_all(&self, keys: &[String]) -> Result<Option<Vec<Fence>>, LeaseError> {
+        let hold = self.acquires.lock().unwrap().pop_front().flatten();
+        Self::held(hold, self.inner.acquire_all(keys)).await
+    }
+
+    async fn try_acquire_all(&self, keys: &[String]) -> Result<Option<Vec<Fence>>, LeaseError> {
+        let hold = self.acquires.lock().unwrap().pop_front().flatten();
+        Self::held(hold, self.inner.try_acquire_all(keys)).await
+    }
+
     async fn renew_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
         self.inner.renew_part(key, fence).await
     }

@@ -356,6 +356,58 @@ impl MemoryLeaseStore {
     }
 }
 
+impl MemoryLeaseStore {
+    /// `acquire_all` (`trying` false) and `try_acquire_all` (true): in one critical section,
+    /// every key or none.
+    fn take_all(&self, keys: &[String], trying: bool) -> Result<Option<Vec<Fence>>, LeaseError> {
+        for key in keys {
+            check_key(key)?;
+        }
+        let now = Instant::now();
+        let expires_at = now + self.lease;
+        let mut table = self.table();
+        let capacity = table.capacity.get();
+        let snatches = table.try_ignores_wanted;
+        let free = |row: &Row| {
+            table.whole_is_free(row, &self.owner, now)
+                && !(trying
+                    && !snatches
+                    && ((row.wanted && row.expires_at + self.lease > now)
+                        || row.waiting_at(now).is_some()))
+        };
+        let all_free = keys.iter().all(|key| table.rows.get(key).is_none_or(&free));
+        if !all_free {
+            if !trying {
+                for key in keys {
+                    let row = table
+                        .rows
+                        .entry(key.clone())
+                        .or_insert_with(|| Row::new(0, now));
+                    row.refuse(capacity, now, expires_at);
+                }
+            }
+            return Ok(None);
+        }
+        let fences = keys
+            .iter()
+            .map(|key| {
+                let row = table
+                    .rows
+                    .entry(key.clone())
+                    .or_insert_with(|| Row::new(0, now));
+                let held_back = capacity > 1 && row.waiting_at(now).is_some();
+                row.wanted &= (row.is_owned_by(&self.owner) || held_back) && !trying;
+                row.owner = Some(self.owner.clone());
+                row.fence += 1;
+                row.expires_at = expires_at;
+                row.waiting = None;
+                row.fence
+            })
+            .collect();
+        Ok(Some(fences))
+    }
+}
+
 impl LeaseStore for MemoryLeaseStore {
     async fn acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
         check_key(key)?;
@@ -469,6 +521,14 @@ impl LeaseStore for MemoryLeaseStore {
             now,
             self.lease,
         )))
+    }
+
+    async fn acquire_all(&self, keys: &[String]) -> Result<Option<Vec<Fence>>, LeaseError> {
+        self.take_all(keys, false)
+    }
+
+    async fn try_acquire_all(&self, keys: &[String]) -> Result<Option<Vec<Fence>>, LeaseError> {
+        self.take_all(keys, true)
     }
 
     async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {

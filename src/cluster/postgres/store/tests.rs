@@ -933,6 +933,40 @@ async fn part_leases_after_a_crash_wait_the_quiet_time_and_are_fenced_above_the_
 }
 
 #[tokio::test]
+async fn a_set_after_a_crash_waits_the_quiet_time_and_is_fenced_above_the_floor() {
+    let prefix = "kl_test_crash_set_";
+    let admin = fresh_table(prefix).await;
+    let lease = Duration::from_millis(900);
+    let (store, _notices) = store(&lease_config(prefix, lease)).await;
+    let keys = ["a".to_owned(), "b".to_owned()];
+    let before = store
+        .acquire_all(&keys)
+        .await
+        .ok()
+        .flatten()
+        .expect("taken");
+    for (key, fence) in keys.iter().zip(&before) {
+        assert_eq!(store.release(key, *fence).await.ok(), Some(true));
+    }
+    empty_run(&admin, prefix).await;
+    assert_eq!(store.acquire_all(&keys).await.ok(), Some(None), "quiet");
+    assert_eq!(store.try_acquire_all(&keys).await.ok(), Some(None), "quiet");
+    let started = Instant::now();
+    let after = loop {
+        match store.try_acquire_all(&keys).await {
+            Ok(Some(fences)) => break fences,
+            Ok(None) => assert!(started.elapsed() < BOUND, "never granted after the crash"),
+            Err(error) => panic!("try_acquire_all after the crash: {error}"),
+        }
+        sleep(Duration::from_millis(20)).await;
+    };
+    let rise = Fence::try_from(FLOOR_RISE_AFTER_CRASH).unwrap();
+    for (after, before) in after.iter().zip(&before) {
+        assert!(*after >= before + rise, "{after} after {before}");
+    }
+}
+
+#[tokio::test]
 async fn a_store_with_another_capacity_than_the_table_is_refused_at_connect_naming_both() {
     let prefix = "kl_test_capacity_mismatch_";
     let _admin = fresh_table(prefix).await;
@@ -1148,6 +1182,16 @@ async fn the_lease_statements_cost_too_little_for_the_server_to_compile_them() {
                 &statements.try_acquire_part,
                 "text, text, bigint, text, integer, integer",
                 "'a', 'me', 1000, 'channel', 1, 2",
+            )
+            .await,
+        ),
+        (
+            "acquire_all",
+            generic_plan_cost(
+                &admin,
+                &statements.acquire_all,
+                "text[], text, bigint, integer, boolean, bigint",
+                "ARRAY['a', 'b'], 'me', 1000, 2, false, 7",
             )
             .await,
         ),

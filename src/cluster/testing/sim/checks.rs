@@ -31,9 +31,9 @@ use tokio::time::Instant;
 
 use super::log::EventLog;
 use super::plan::MAX_HOLD;
-use crate::cluster::ClusterGuard;
 use crate::cluster::locking::lease_store::Fence;
 use crate::cluster::locking::leases::HANDOFF_BITS;
+use crate::cluster::{ClusterGuard, ClusterMultiGuard};
 
 /// The longest a `lock` call without a timeout of its caller may take. Faults stop a process
 /// for up to two leases and a holder keeps a key past its lease, so a call can wait behind
@@ -47,13 +47,30 @@ pub(super) const CALL_BOUND: Duration = Duration::from_secs(60);
 /// waited for releases shows past it.
 pub(super) const TRY_BOUND: Duration = Duration::from_secs(2);
 
+/// A guard as the checker asks it: whether its lease is lost.
+pub(super) trait Held: Send + Sync {
+    fn is_lost(&self) -> bool;
+}
+
+impl Held for ClusterGuard<String> {
+    fn is_lost(&self) -> bool {
+        ClusterGuard::is_lost(self)
+    }
+}
+
+impl Held for ClusterMultiGuard<String> {
+    fn is_lost(&self) -> bool {
+        ClusterMultiGuard::is_lost(self)
+    }
+}
+
 /// A holder of a key, as the checker sees it.
 struct Holder {
     who: String,
     token: u64,
     /// The key's permits it holds: all of them for a whole-key guard.
     permits: u32,
-    guard: Arc<ClusterGuard<String>>,
+    guard: Arc<dyn Held>,
 }
 
 /// A `lock` call under way.
@@ -245,8 +262,26 @@ impl Checker {
         guard: &Arc<ClusterGuard<String>>,
         permits: u32,
     ) {
-        let now = Instant::now();
         let token = guard.fencing_token();
+        let held: Arc<dyn Held> = Arc::clone(guard) as _;
+        self.granted_under(who, key, token, permits, held);
+    }
+
+    /// `who` was granted every key of `guard` (the whole of each), just now.
+    pub(super) fn granted_all(&self, who: &str, guard: &Arc<ClusterMultiGuard<String>>) {
+        let mut keys: Vec<&String> = guard.keys().collect();
+        keys.sort();
+        keys.dedup();
+        for key in keys {
+            let token = guard.fencing_token(key).unwrap_or(0);
+            let held: Arc<dyn Held> = Arc::clone(guard) as _;
+            self.granted_under(who, key, token, self.capacity, held);
+        }
+    }
+
+    /// `who` was granted `permits` of `key` under `token`, held by `guard`, just now.
+    fn granted_under(&self, who: &str, key: &str, token: u64, permits: u32, guard: Arc<dyn Held>) {
+        let now = Instant::now();
         let fence = token >> HANDOFF_BITS;
         let uses = token & ((1 << HANDOFF_BITS) - 1);
         let whole = permits == self.capacity;
@@ -303,7 +338,7 @@ impl Checker {
                     who: who.to_owned(),
                     token,
                     permits,
-                    guard: Arc::clone(guard),
+                    guard,
                 });
         }
         self.log

@@ -56,6 +56,8 @@ enum Statement<'a> {
     RenewPart(&'a str, Fence),
     Release(&'a str, Fence),
     ReleasePart(&'a str, Fence),
+    AcquireAll(&'a [String]),
+    TryAcquireAll(&'a [String]),
     ReleaseAll,
 }
 
@@ -71,7 +73,7 @@ impl Statement<'_> {
             | Statement::RenewPart(key, _)
             | Statement::Release(key, _)
             | Statement::ReleasePart(key, _) => Some(key),
-            Statement::ReleaseAll => None,
+            Statement::AcquireAll(_) | Statement::TryAcquireAll(_) | Statement::ReleaseAll => None,
         }
     }
 }
@@ -98,6 +100,8 @@ impl std::fmt::Display for Statement<'_> {
             Statement::RenewPart(key, fence) => write!(f, "renew part {key} fence {fence}"),
             Statement::Release(key, fence) => write!(f, "release {key} fence {fence}"),
             Statement::ReleasePart(key, fence) => write!(f, "release part {key} fence {fence}"),
+            Statement::AcquireAll(keys) => write!(f, "acquire all {}", keys.join(" ")),
+            Statement::TryAcquireAll(keys) => write!(f, "try acquire all {}", keys.join(" ")),
             Statement::ReleaseAll => f.write_str("release all"),
         }
     }
@@ -206,6 +210,71 @@ impl SimStore {
 
     fn owner(&self) -> &str {
         self.inner.owner()
+    }
+
+    /// `acquire_all` or (`trying`) `try_acquire_all`, its reply checked against the rows of
+    /// every key as they were just before: all taken, each at its next fence, if every key was
+    /// free on the statement's terms; else none, and a refused try changes no row.
+    async fn take_all(
+        &self,
+        keys: &[String],
+        trying: bool,
+    ) -> Result<Option<Vec<Fence>>, LeaseError> {
+        let owner = self.owner().to_owned();
+        let before = Mutex::new(Vec::new());
+        let statement = if trying {
+            Statement::TryAcquireAll(keys)
+        } else {
+            Statement::AcquireAll(keys)
+        };
+        self.run(
+            statement,
+            || {
+                // Read in the same step as the statement is applied: nothing runs in between.
+                *before.lock().unwrap_or_else(PoisonError::into_inner) =
+                    keys.iter().map(|key| self.table.row(key)).collect();
+                let inner = &self.inner;
+                async move {
+                    if trying {
+                        inner.try_acquire_all(keys).await
+                    } else {
+                        inner.acquire_all(keys).await
+                    }
+                }
+            },
+            |taken, _, now| {
+                let before = before.lock().unwrap_or_else(PoisonError::into_inner);
+                let free = |row: &Option<Row>| {
+                    row.as_ref().is_none_or(|row| {
+                        whole_is_free(row, &owner, now) && !(trying && is_awaited(row, now))
+                    })
+                };
+                let all_free = before.iter().all(free);
+                let next: Vec<Fence> = before
+                    .iter()
+                    .map(|row| row.as_ref().map_or(1, |row| row.fence + 1))
+                    .collect();
+                match taken {
+                    Some(fences) if all_free && *fences == next => Ok(()),
+                    Some(fences) if all_free => {
+                        Err(format!("fences {fences:?}, where {next:?} were next"))
+                    }
+                    Some(_) => Err("taken while a key of the set was not free".to_owned()),
+                    None if all_free => Err("refused while every key was free".to_owned()),
+                    None if trying
+                        && keys
+                            .iter()
+                            .map(|key| self.table.row(key))
+                            .collect::<Vec<_>>()
+                            != *before =>
+                    {
+                        Err("refused, and still changed a row".to_owned())
+                    }
+                    None => Ok(()),
+                }
+            },
+        )
+        .await
     }
 }
 
@@ -351,6 +420,14 @@ impl LeaseStore for SimStore {
             },
         )
         .await
+    }
+
+    async fn acquire_all(&self, keys: &[String]) -> Result<Option<Vec<Fence>>, LeaseError> {
+        self.take_all(keys, false).await
+    }
+
+    async fn try_acquire_all(&self, keys: &[String]) -> Result<Option<Vec<Fence>>, LeaseError> {
+        self.take_all(keys, true).await
     }
 
     async fn renew_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {

@@ -51,6 +51,7 @@ const PLANTED: &[(PlantedBug, u64)] = &[
     (PlantedBug::PartOverCapacity, 20),
     (PlantedBug::WholeOverParts, 20),
     (PlantedBug::PartOvertakesWaiter, 20),
+    (PlantedBug::LockAllOneByOne, 20),
 ];
 
 fn seeds() -> Range<u64> {

@@ -22,9 +22,9 @@ use super::checks::{CallOutcome, Checker};
 use super::log::EventLog;
 use super::plan::{LEASE, ProcessClock};
 use super::rng::Rng;
-use crate::cluster::ClusterGuard;
 use crate::cluster::locking::lease_store::LeaseStore;
 use crate::cluster::locking::locks::ClusterLocks;
+use crate::cluster::{ClusterGuard, ClusterMultiGuard};
 use crate::error::{LockError, PermitsError, TryLockError, TryPermitsError};
 
 /// One worker of a simulated process.
@@ -41,6 +41,9 @@ pub(super) struct Worker<S> {
     pub(super) log: Arc<EventLog>,
     /// The planted bug of a `try_lock` that waits for the key as `lock` does.
     pub(super) try_waits: bool,
+    /// The planted bug of a `lock_all` that locks its keys one by one, in the order listed,
+    /// holding each while it waits for the next.
+    pub(super) lock_all_one_by_one: bool,
 }
 
 /// How a worker asks for a key.
@@ -71,11 +74,21 @@ impl<S: LeaseStore> Worker<S> {
                 9 => Call::Abort(self.rng.between(Duration::ZERO, Duration::from_millis(300))),
                 _ => Call::Try,
             };
-            // `None`: the whole key, by `lock`; else `acquire` of that many permits.
-            let permits = (self.capacity > 1 && self.rng.chance(500))
-                .then(|| 1 + self.rng.below(u64::from(self.capacity)) as u32);
-            if !self.once(&key, call, permits).await {
-                return;
+            // Now and then two keys at once, listed in either order.
+            if self.keys >= 2 && self.rng.chance(150) {
+                let first = self.rng.below(self.keys as u64);
+                let second = (first + 1 + self.rng.below(self.keys as u64 - 1)) % self.keys as u64;
+                let set = [format!("k{first}"), format!("k{second}")];
+                if !self.all(&set, call).await {
+                    return;
+                }
+            } else {
+                // `None`: the whole key, by `lock`; else `acquire` of that many permits.
+                let permits = (self.capacity > 1 && self.rng.chance(500))
+                    .then(|| 1 + self.rng.below(u64::from(self.capacity)) as u32);
+                if !self.once(&key, call, permits).await {
+                    return;
+                }
             }
             let think = self.rng.between(Duration::ZERO, Duration::from_millis(10));
             sleep(think).await;
@@ -179,6 +192,117 @@ impl<S: LeaseStore> Worker<S> {
         self.checker.released(&self.who, key);
         drop(guard);
         true
+    }
+}
+
+impl<S: LeaseStore> Worker<S> {
+    /// One `lock_all` (or `try_lock_all`) of `set`, and what follows; `false` once the
+    /// registry is closed. An abort is a timeout here.
+    async fn all(&mut self, set: &[String; 2], call: Call) -> bool {
+        self.log.event(
+            &self.who,
+            format_args!("locks all {} ({call:?})", set.join(" ")),
+        );
+        let id = self.checker.call_started(
+            &self.who,
+            &set.join("+"),
+            !matches!(call, Call::Wait | Call::Try),
+        );
+        let locked = match call {
+            Call::Wait => Some(self.lock_all(set).await),
+            Call::Timeout(limit) | Call::Abort(limit) => {
+                timeout(limit, self.lock_all(set)).await.ok()
+            }
+            Call::Try => {
+                let started = Instant::now();
+                let tried = self.locks.try_lock_all(set.to_vec()).await;
+                let paused = self.process.paused_between(started, Instant::now());
+                self.checker
+                    .tried(&self.who, &set.join("+"), started, paused);
+                match tried {
+                    Ok(guard) => Some(Ok(vec![self.granted_all(guard)])),
+                    Err(TryLockError::WouldBlock) => None,
+                    Err(TryLockError::Closed) => Some(Err(LockError::Closed)),
+                }
+            }
+        };
+        let held = match locked {
+            None => {
+                self.log
+                    .event(&self.who, format_args!("gives up {}", set.join(" ")));
+                self.checker.call_ended(id, CallOutcome::GaveUp);
+                return true;
+            }
+            Some(Err(LockError::Closed)) => {
+                self.log.event(&self.who, format_args!("closed"));
+                self.checker.call_ended(id, CallOutcome::Closed);
+                return false;
+            }
+            Some(Ok(held)) => held,
+        };
+        self.checker.call_ended(id, CallOutcome::Granted);
+        let hold = self.rng.between(Duration::ZERO, Duration::from_millis(20));
+        sleep(hold).await;
+        for guard in &held {
+            let believes_live = !guard.is_lost();
+            for key in set {
+                if let Some(token) = guard.fencing_token(key)
+                    && believes_live
+                {
+                    self.checker
+                        .write(&self.who, key, token, self.capacity, believes_live);
+                }
+            }
+        }
+        for key in set {
+            self.checker.released(&self.who, key);
+        }
+        drop(held);
+        true
+    }
+
+    /// Waits for every key of `set`: one `lock_all`, or, with the planted bug, a `lock` of
+    /// each in turn, each guard kept while the next is awaited.
+    async fn lock_all(&self, set: &[String; 2]) -> Result<Vec<SetHeld>, LockError> {
+        if !self.lock_all_one_by_one {
+            let guard = self.locks.lock_all(set.to_vec()).await?;
+            return Ok(vec![self.granted_all(guard)]);
+        }
+        let mut held = Vec::new();
+        for key in set {
+            let guard = Arc::new(self.locks.lock(key.clone()).await?);
+            self.checker.granted(&self.who, key, &guard, self.capacity);
+            held.push(SetHeld::One(key.clone(), guard));
+        }
+        Ok(held)
+    }
+
+    fn granted_all(&self, guard: ClusterMultiGuard<String>) -> SetHeld {
+        let guard = Arc::new(guard);
+        self.checker.granted_all(&self.who, &guard);
+        SetHeld::All(guard)
+    }
+}
+
+/// What a worker holds of a set: one guard of every key, or (the planted bug) one per key.
+enum SetHeld {
+    All(Arc<ClusterMultiGuard<String>>),
+    One(String, Arc<ClusterGuard<String>>),
+}
+
+impl SetHeld {
+    fn is_lost(&self) -> bool {
+        match self {
+            SetHeld::All(guard) => guard.is_lost(),
+            SetHeld::One(_, guard) => guard.is_lost(),
+        }
+    }
+
+    fn fencing_token(&self, key: &String) -> Option<u64> {
+        match self {
+            SetHeld::All(guard) => guard.fencing_token(key),
+            SetHeld::One(held, guard) => (held == key).then(|| guard.fencing_token()),
+        }
     }
 }
 

@@ -39,6 +39,9 @@ pub(crate) enum PlantedBug {
     WholeOverParts,
     /// The store grants a part lease past a larger request that waits.
     PartOvertakesWaiter,
+    /// `lock_all` locks its keys one by one in the order listed, holding each while it waits
+    /// for the next.
+    LockAllOneByOne,
 }
 
 /// What one run did.
@@ -244,6 +247,7 @@ impl Run {
                     checker: Arc::clone(&self.checker),
                     log: Arc::clone(&self.log),
                     try_waits: self.planted == Some(PlantedBug::TryWaits),
+                    lock_all_one_by_one: self.planted == Some(PlantedBug::LockAllOneByOne),
                 };
                 tokio::spawn(Pausable::new(job.run(), Arc::clone(&clock)))
             })
