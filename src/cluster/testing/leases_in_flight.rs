@@ -236,3 +236,43 @@ async fn guards_learn_of_shutdown_before_the_release_is_sent() {
     shutting_down.await.expect("shutdown ends");
     drop(interest);
 }
+
+/// Invariant 8, with a set's late statement: a `lock_all` statement of a caller that went away
+/// lands after a newer set of this process took the keys, and takes the rows over (ours counts
+/// as free). The newer set's leases are gone then, and its guard must say so.
+#[tokio::test(start_paused = true)]
+async fn a_late_set_of_ours_that_takes_the_rows_over_marks_the_older_set_lost() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (leases, table) = leases(vec![Some(Hold::BeforeApplying(Arc::clone(&gate)))], None);
+    let keys = vec!["a".to_owned(), "b".to_owned()];
+
+    // The first set's statement waits to be applied, and its caller gives up.
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(5),
+        leases.acquire_all(keys.clone(), Ask::Acquire),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "the first set's statement was applied at once"
+    );
+
+    // A newer set takes both keys.
+    let Ok(Some(newer)) = leases.acquire_all(keys.clone(), Ask::Acquire).await else {
+        panic!("the newer set did not take the keys");
+    };
+    assert!(newer.iter().all(|lease| !lease.validity.borrow().is_lost()));
+
+    // The first statement lands: it takes the rows over under new fences, and, its caller
+    // gone, gives them back.
+    gate.add_permits(1);
+    settle().await;
+    assert!(!held_now(&table, "a") && !held_now(&table, "b"));
+    assert!(
+        newer.iter().all(|lease| lease.validity.borrow().is_lost()),
+        "the newer set still believes it holds keys another process may take now"
+    );
+    drop(newer);
+    settle().await;
+    assert_eq!(leases.counts(), (0, 0), "an entry outlived its callers");
+}

@@ -38,6 +38,18 @@ const REGRESSIONS: &[(u64, &str)] = &[
          guard believed its lease live while another process held the key \
          (`leases::tests::guards_learn_of_shutdown_before_the_release_is_sent`)",
     ),
+    (
+        66,
+        "a lock_all waiting in its process's queue of one key kept the process's idle lease of \
+         the other, closing a cycle of waits across processes (`lock_all` registers its \
+         interest once it holds its keys locally)",
+    ),
+    (
+        3637,
+        "a lock_all statement of a caller that had gone took the rows over from a newer set of \
+         the same process and gave them back, while that set believed it held them \
+         (`leases_in_flight::a_late_set_of_ours_that_takes_the_rows_over_marks_the_older_set_lost`)",
+    ),
 ];
 
 /// How many seeds each planted bug may need before one finds it. The first finding seeds, on
