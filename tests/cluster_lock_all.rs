@@ -195,3 +195,21 @@ async fn three_transfer_processes_conserve_the_total() {
     }
     assert_eq!(totals, ["total conserved: 400"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_learns_its_leases_are_lost_when_the_registry_shuts_down() {
+    let prefix = fresh_prefix("kl_test_all_lost_").await;
+    let registry = registry(&prefix).await;
+    let both = registry.lock_all(keys(&["a", "b"])).await.unwrap();
+    assert!(!both.is_lost());
+    let still_held = timeout(Duration::from_millis(100), both.lost()).await;
+    assert!(
+        still_held.is_err(),
+        "lost() completed while every lease was live"
+    );
+    registry.shutdown().await;
+    assert!(both.is_lost());
+    timeout(BOUND, both.lost())
+        .await
+        .expect("lost() completes once the leases are given back");
+}

@@ -96,23 +96,28 @@ impl<K: LockKey + fmt::Display> ClusterGuard<K> {
     ///
     /// Cancel-safe: dropping it changes nothing, and a later call sees the same state.
     pub async fn lost(&self) {
-        let mut validity = self.validity.clone();
-        loop {
-            let now = *validity.borrow_and_update();
-            if now.is_lost() {
-                return;
-            }
-            tokio::select! {
-                // In the order written, not at random: a simulated run repeats exactly.
-                biased;
-                changed = validity.changed() => {
-                    // The lease's record is gone, which happens only once it was lost.
-                    if changed.is_err() {
-                        return;
-                    }
+        until_lost(self.validity.clone()).await;
+    }
+}
+
+/// Completes when the lease that `validity` tells of is lost (at once if it is already): a
+/// renewal found it gone, or its deadline passed with no renewal confirmed.
+pub(crate) async fn until_lost(mut validity: watch::Receiver<Validity>) {
+    loop {
+        let now = *validity.borrow_and_update();
+        if now.is_lost() {
+            return;
+        }
+        tokio::select! {
+            // In the order written, not at random: a simulated run repeats exactly.
+            biased;
+            changed = validity.changed() => {
+                // The lease's record is gone, which happens only once it was lost.
+                if changed.is_err() {
+                    return;
                 }
-                () = tokio::time::sleep_until(now.until) => {}
             }
+            () = tokio::time::sleep_until(now.until) => {}
         }
     }
 }

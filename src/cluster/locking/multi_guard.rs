@@ -1,7 +1,9 @@
 //! [`ClusterMultiGuard`], the proof of holding a set of keys across the cluster.
 
 use std::fmt;
+use std::future::Future;
 
+use crate::cluster::locking::guard::until_lost;
 use crate::cluster::locking::leases::{Interest, OwnedLease};
 use crate::key::LockKey;
 use crate::multi_guard::MultiGuard;
@@ -74,6 +76,52 @@ impl<K: LockKey + fmt::Display> ClusterMultiGuard<K> {
         self.leases
             .iter()
             .any(|lease| lease.validity.borrow().is_lost())
+    }
+
+    /// Completes when the lease of any of the keys is lost (at once if one is already; never
+    /// for an empty set). Use it to stop work that no longer holds every key, for example in
+    /// a `select!` beside the work.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping it changes nothing, and a later call sees the same state.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .connect()
+    ///     .await?;
+    /// let both = registry.lock_all(["a".to_string(), "b".to_string()]).await?;
+    /// tokio::select! {
+    ///     () = both.lost() => println!("a lease was lost: stop"),
+    ///     () = tokio::time::sleep(std::time::Duration::from_millis(10)) => println!("done"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn lost(&self) {
+        let mut each: Vec<_> = self
+            .leases
+            .iter()
+            .map(|lease| Box::pin(until_lost(lease.validity.clone())))
+            .collect();
+        if each.is_empty() {
+            return std::future::pending().await;
+        }
+        std::future::poll_fn(|cx| {
+            if each
+                .iter_mut()
+                .any(|lost| lost.as_mut().poll(cx).is_ready())
+            {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await;
     }
 }
 
