@@ -122,18 +122,23 @@ impl<K: LockKey> Shard<K> {
             return Started::Refused(NotGranted::Closed);
         }
         let started = match self.execution {
-            Execution::RunOnCaller => match state.step(request, &mut effects) {
-                Outcome::Granted(granted) => Started::Granted(granted),
-                Outcome::Queued(waiter_id) => {
-                    Started::Waiting(state.owner.wait_here(waiter_id, waker))
-                }
-                Outcome::WouldBlock => Started::Refused(NotGranted::WouldBlock),
-                // A step answers an acquire in one of the ways above; refusing beats hanging.
-                other => {
-                    other.discard();
-                    Started::Refused(NotGranted::Closed)
-                }
-            },
+            Execution::RunOnCaller => {
+                let outcome = state.step(request, &mut effects);
+                let started = match outcome {
+                    Outcome::Granted(granted) => Started::Granted(granted),
+                    Outcome::Queued(waiter_id) => {
+                        Started::Waiting(state.owner.wait_here(waiter_id, waker))
+                    }
+                    Outcome::WouldBlock => Started::Refused(NotGranted::WouldBlock),
+                    // A step answers an acquire in one of the ways above; refusing beats
+                    // hanging.
+                    _ => Started::Refused(NotGranted::Closed),
+                };
+                // Matched by copy and discarded here, so that the usual answers cost no call
+                // into the drop of an `Outcome` (whose answers to questions need one).
+                outcome.discard();
+                started
+            }
             Execution::ActorTask => {
                 let pending = state.owner.pending().sent(waker);
                 request.deliver_to(Delivery::Pending(pending));

@@ -14,7 +14,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::time::Duration;
 
-use super::marks::MARK_EVERY;
 use super::{Entry, EntryMap, Ledger, LockTable, Queued, RecordState};
 use crate::pure::snapshot::{HolderSnapshot, KeyHold, KeySnapshot};
 use crate::pure::table::WaiterId;
@@ -136,13 +135,12 @@ where
         self.ledger.marks.note(next_arrival, next_token, now);
     }
 
-    /// Whether [`MARK_EVERY`] acquirers arrived since the last time mark: the caller then
+    /// Whether `MARK_EVERY` (256) acquirers arrived since the last time mark: the caller then
     /// reads its clock and calls [`mark_time`](Self::mark_time), so that a clock is read once
     /// per that many arrivals, not once per lock.
     #[inline]
     pub fn wants_time_mark(&self) -> bool {
-        let since_mark = self.ledger.records.next_arrival() - self.ledger.marks.last_arrival();
-        since_mark >= MARK_EVERY
+        self.ledger.marks.is_due(self.ledger.records.next_arrival())
     }
 
     /// Every key held or waited for, the most contended first (more waiters, then held
@@ -685,7 +683,7 @@ mod tests {
     fn a_busy_table_wants_a_time_mark_every_so_many_arrivals() {
         let mut table = Table::new();
         let mut marks = 0;
-        for _ in 0..super::MARK_EVERY * 3 {
+        for _ in 0..super::super::marks::MARK_EVERY * 3 {
             let grant = granted(table.acquire("a", "a"));
             table.release(grant.waiter_id, &mut Vec::new()).unwrap();
             if table.wants_time_mark() {
