@@ -5,6 +5,7 @@
 //! cargo run --release --features postgres --example cluster_vs_advisory -- --workload hot
 //! cargo run --release --features postgres --example cluster_vs_advisory -- --workload keys
 //! cargo run --release --features postgres --example cluster_vs_advisory -- --workload try
+//! cargo run --release --features postgres --example cluster_vs_advisory -- --workload shared
 //! ```
 //!
 //! It starts `--processes` child processes (default 3) of itself for each contender, each with
@@ -19,7 +20,15 @@
 //! replicas trying one job do, and a refused attempt goes on to the next. In cluster mode an
 //! attempt refused in its own process (another task of it holds the key, or is asking the
 //! server for it) costs no statement and returns at once; an advisory attempt is always a round
-//! trip. The processes connect first, then start together; each contender prints one line:
+//! trip. `shared` takes and releases `--locks` shared locks per task of the one hot key,
+//! `lock_shared` or `SELECT pg_advisory_lock_shared($1)` then `pg_advisory_unlock_shared`:
+//! readers only, so no one ever waits for the key. Cluster mode's keys then have
+//! `--processes` x `--tasks` permits ([`ClusterBuilder::capacity`]), so every task of every
+//! process can hold the key at once; the capacity is the lease table's, so `shared` uses a
+//! table of its own per capacity (`keyed_locks_compare_shared24_leases` for 3 x 8). Each
+//! shared grant there is a part lease of its own, a statement to take it and one to give it
+//! back, both on the key's one row. The processes connect first, then start together; each
+//! contender prints one line:
 //!
 //! ```text
 //! cluster  workload=hot processes=3 tasks=8 grants=4800 grants_per_s=5120 longest_wait_ms=31
@@ -34,9 +43,12 @@
 //! `--runtime current-thread` runs each process on tokio's current-thread runtime instead of
 //! the multi-thread one `#[tokio::main]` gives (`multi-thread`, the default). The
 //! database URL defaults to `DATABASE_URL`, else `postgres://postgres@127.0.0.1:5432/test`;
-//! the lease table is `keyed_locks_compare_leases`.
+//! the lease table is `keyed_locks_compare_leases` (for `shared`, as above).
+//!
+//! [`ClusterBuilder::capacity`]: keyed_locks::ClusterBuilder::capacity
 
 use std::io::{BufRead as _, BufReader, Write as _};
+use std::num::NonZeroU32;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
@@ -52,8 +64,9 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Clone, Parser)]
 #[command(args_override_self = true)]
 struct Options {
-    /// One hot key, a key drawn at random from `--keys`, or tries of the hot key
-    #[arg(long, default_value = "hot", value_parser = ["hot", "keys", "try"])]
+    /// One hot key, a key drawn at random from `--keys`, tries of the hot key, or shared
+    /// locks of the hot key
+    #[arg(long, default_value = "hot", value_parser = ["hot", "keys", "try", "shared"])]
     workload: String,
     /// Processes per contender
     #[arg(long, value_name = "P", default_value_t = 3)]
@@ -137,6 +150,7 @@ fn compare(options: &Options, contender: &str) -> Result<(), Error> {
     for index in 0..options.processes {
         let mut child = Command::new(&exe)
             .args(["--workload", &options.workload])
+            .args(["--processes", &options.processes.to_string()])
             .args(["--tasks", &options.tasks.to_string()])
             .args(["--locks", &options.locks.to_string()])
             .args(["--keys", &options.keys.to_string()])
@@ -237,11 +251,19 @@ fn child(options: &Options, contender: &str, index: u64) -> Result<(), Error> {
         for _ in 0..options.tasks {
             let task = if contender == "cluster" {
                 if registry.is_none() {
-                    let connected = ClusterRegistry::<String>::builder(&options.database_url)
-                        .table_prefix("keyed_locks_compare_")
-                        .lease(Duration::from_millis(options.lease_ms))
-                        .connect()
-                        .await?;
+                    let builder = ClusterRegistry::<String>::builder(&options.database_url)
+                        .lease(Duration::from_millis(options.lease_ms));
+                    let builder = if options.workload == "shared" {
+                        // Room for every task of every process at once. The capacity is the
+                        // table's, fixed by its first process, so each capacity has a table.
+                        let capacity = u32::try_from(options.processes * options.tasks)?;
+                        builder
+                            .table_prefix(format!("keyed_locks_compare_shared{capacity}_"))
+                            .capacity(NonZeroU32::new(capacity).ok_or("no tasks")?)
+                    } else {
+                        builder.table_prefix("keyed_locks_compare_")
+                    };
+                    let connected = builder.connect().await?;
                     registry = Some(connected);
                 }
                 Task::Cluster(registry.clone().ok_or("connected above")?)
@@ -252,11 +274,17 @@ fn child(options: &Options, contender: &str, index: u64) -> Result<(), Error> {
                 let lock = client.prepare("SELECT pg_advisory_lock($1)").await?;
                 let try_lock = client.prepare("SELECT pg_try_advisory_lock($1)").await?;
                 let unlock = client.prepare("SELECT pg_advisory_unlock($1)").await?;
+                let lock_shared = client.prepare("SELECT pg_advisory_lock_shared($1)").await?;
+                let unlock_shared = client
+                    .prepare("SELECT pg_advisory_unlock_shared($1)")
+                    .await?;
                 Task::Advisory {
                     client,
                     lock,
                     try_lock,
                     unlock,
+                    lock_shared,
+                    unlock_shared,
                 }
             };
             tasks.push(task);
@@ -306,6 +334,8 @@ enum Task {
         lock: tokio_postgres::Statement,
         try_lock: tokio_postgres::Statement,
         unlock: tokio_postgres::Statement,
+        lock_shared: tokio_postgres::Statement,
+        unlock_shared: tokio_postgres::Statement,
     },
 }
 
@@ -317,11 +347,12 @@ struct TaskResult {
 }
 
 impl Task {
-    /// Takes and releases `options.locks` locks, or for `try` makes as many attempts and
-    /// releases what it takes; returns how many it took, how many attempts, and the longest
-    /// call.
+    /// Takes and releases `options.locks` locks (shared ones for `shared`), or for `try`
+    /// makes as many attempts and releases what it takes; returns how many it took, how many
+    /// attempts, and the longest call.
     async fn run(self, options: &Options, seed: u64) -> Result<TaskResult, Error> {
         let tries = options.workload == "try";
+        let shared = options.workload == "shared";
         let mut keys = KeyDraw::new(seed);
         let (mut grants, mut longest) = (0, Duration::ZERO);
         for _ in 0..options.locks {
@@ -344,6 +375,12 @@ impl Task {
                         Err(closed) => return Err(closed.into()),
                     }
                 }
+                Task::Cluster(registry) if shared => {
+                    let guard = registry.lock_shared(format!("k{key}")).await?;
+                    longest = longest.max(asked.elapsed());
+                    grants += 1;
+                    drop(guard);
+                }
                 Task::Cluster(registry) => {
                     let guard = registry.lock(format!("k{key}")).await?;
                     longest = longest.max(asked.elapsed());
@@ -355,11 +392,16 @@ impl Task {
                     lock,
                     try_lock,
                     unlock,
+                    lock_shared,
+                    unlock_shared,
                 } => {
                     // Advisory keys are `bigint`; ours fit.
                     let key = i64::try_from(key)?;
                     let taken = if tries {
                         client.query_one(try_lock, &[&key]).await?.get(0)
+                    } else if shared {
+                        client.execute(lock_shared, &[&key]).await?;
+                        true
                     } else {
                         client.execute(lock, &[&key]).await?;
                         true
@@ -367,6 +409,7 @@ impl Task {
                     longest = longest.max(asked.elapsed());
                     if taken {
                         grants += 1;
+                        let unlock = if shared { unlock_shared } else { unlock };
                         client.execute(unlock, &[&key]).await?;
                     }
                 }
