@@ -6,13 +6,17 @@
 //! | `POST /accounts/{id}/debit`, `{"amount": n}` | 200 as above; 409 if the balance is below `n` |
 //! | `GET /accounts/{id}` | 200 as above; an account never credited has balance 0 |
 //! | `GET /stats` | 200, the registry's counts: `keys`, `held`, `holders`, `permits`, `waiting`, `grants` |
+//! | `GET /locks`, `GET /locks?top=n` | 200, the most contended accounts' locks (see `locks.rs`) |
+//! | `GET /locks/page` | 200, the same as an HTML page that reloads itself every second |
 //!
-//! Errors: 400 for JSON that does not parse or an id that is not a `u64`, 415 without
+//! Errors: 400 for JSON that does not parse, an id that is not a `u64` or a `top` that is not
+//! a whole number from 1 to 1000, 415 without
 //! `content-type: application/json`, 422 for a body without a whole-number `amount` from 1 to
 //! [`MAX_AMOUNT`], 409 for an overdraft (or a balance that would pass `u64::MAX`), 404 for an
 //! unknown path, 405 for a wrong method, 503 if the lock registry has shut down.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::rejection::{JsonRejection, PathRejection};
@@ -36,6 +40,11 @@ pub struct AppState {
     pub accounts: Arc<Accounts>,
     /// False with `--unsafe-no-lock`: read-modify-writes of one account may then overlap.
     pub lock_accounts: bool,
+    /// How long each credit and debit waits for its payment provider (`--work-ms`), inside
+    /// its account's lock.
+    pub work: Duration,
+    /// Whether the registry keeps a journal (`--journal`), to draw at `/locks/page`.
+    pub journal: bool,
 }
 
 /// The service's routes, without `/metrics` (see `metrics.rs`) and without fallbacks.
@@ -120,6 +129,11 @@ async fn change(state: &AppState, id: u64, change: Change) -> Result<Json<Balanc
     };
     let balance = state.accounts.read(id).await;
     let balance = change.apply(balance)?;
+    // The money moves at the provider before the new balance is written, so the lock is held
+    // across the call: that is what makes a slow provider show up as waiters at `/locks`.
+    if !state.work.is_zero() {
+        tokio::time::sleep(state.work).await;
+    }
     state.accounts.write(id, balance);
     drop(guard);
     Ok(Json(Balance { id, balance }))

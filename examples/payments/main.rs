@@ -10,6 +10,8 @@
 //! cargo run --example payments                            # listening on http://127.0.0.1:3000
 //! cargo run --example payments -- --addr 127.0.0.1:0      # any free port, printed first
 //! cargo run --example payments -- --unsafe-no-lock        # no lock: updates get lost
+//! cargo run --example payments -- --work-ms 50            # each change holds its lock 50 ms more
+//! cargo run --example payments -- --journal 2000          # keeps 2,000 events, drawn at /locks/page
 //! cargo run --example payments --features metrics         # adds GET /metrics (Prometheus)
 //! ```
 //!
@@ -27,10 +29,26 @@
 //! curl localhost:3000/stats
 //! # {"keys":0,"held":0,"holders":0,"permits":0,"waiting":0,"grants":3}
 //! curl localhost:3000/metrics    # Prometheus text with --features metrics; else a JSON 404
+//! curl localhost:3000/locks       # the most contended accounts (50; ?top=n for n, 1 to 1000)
+//! # [{"key":7,"hold":"Exclusive","holders":[{"fencing_token":8,"permits":1,
+//! #   "held_for":{"at_least":{"secs":0,"nanos":11649641},"at_most":{"secs":0,"nanos":24935336}}}],
+//! #   "waiters":12,"first_waiter_permits":1,
+//! #   "oldest_waited":{"at_least":{"secs":0,"nanos":553285695},"at_most":{"secs":0,"nanos":564935336}}}]
+//! curl -i 'localhost:3000/locks?top=abc'
+//! # HTTP/1.1 400 Bad Request ... {"error":"top must be a whole number from 1 to 1000, not \"abc\""}
 //! ```
+//!
+//! `/locks` is empty (`[]`) unless a request holds or waits for an account at that moment:
+//! with `--work-ms 50`, a few concurrent credits of one account make a queue. Open
+//! `http://localhost:3000/locks/page` in a browser for the same view as a page that reloads
+//! every second: the contended accounts with their holders' fencing tokens, how long each has
+//! held and how many wait, and, with `--journal`, the lock timeline of the last seconds.
 //!
 //! Warnings go to stderr, among them the registry's stall warnings: a request that holds its
 //! account for more than a second, or a grant that no request picks up within one.
+//!
+//! `--work-ms MS` stands for a call to a payment provider inside each credit and debit, made
+//! while the account's lock is held (0, the default, makes none).
 //!
 //! Amounts are whole numbers of minor units (cents), from 1 to 1,000,000,000 per request;
 //! balances are `u64` and never go below 0. Every error is JSON, `{"error": "..."}`, with a
@@ -41,6 +59,7 @@
 mod accounts;
 mod api;
 mod cli;
+mod locks;
 mod metrics;
 
 use std::io::Write;
@@ -65,7 +84,7 @@ async fn main() -> ExitCode {
         .init();
     // A usage error exits 2 (clap's code); `--help` exits 0.
     let cli = Cli::parse();
-    match serve(cli.addr, !cli.unsafe_no_lock).await {
+    match serve(&cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("payments: {message}");
@@ -74,22 +93,31 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn serve(addr: std::net::SocketAddr, lock_accounts: bool) -> Result<(), String> {
+async fn serve(cli: &Cli) -> Result<(), String> {
+    let addr = cli.addr;
+    let lock_accounts = !cli.unsafe_no_lock;
     // First: the registry takes its counters and gauges from the recorder installed when it
     // is built.
     let metrics_routes = metrics::routes()?;
-    let registry = LockRegistry::builder()
+    let mut builder = LockRegistry::builder()
         // A hold this long means a request is stuck inside its read-modify-write.
         .warn_held_longer_than(Duration::from_secs(1))
         // A grant nobody takes means a lock future that is no longer polled (a futurelock).
-        .warn_ungranted_pickup_after(Duration::from_secs(1))
-        .spawn();
+        .warn_ungranted_pickup_after(Duration::from_secs(1));
+    if let Some(events) = cli.journal {
+        builder = builder.journal(events);
+    }
     let state = AppState {
-        registry,
+        registry: builder.spawn(),
         accounts: Arc::new(Accounts::default()),
         lock_accounts,
+        work: Duration::from_millis(cli.work_ms),
+        journal: cli.journal.is_some(),
     };
-    let app = api::with_fallbacks(api::routes(state).merge(metrics_routes));
+    let app = api::routes(state.clone())
+        .merge(locks::routes(state))
+        .merge(metrics_routes);
+    let app = api::with_fallbacks(app);
 
     let listener = tokio::net::TcpListener::bind(addr)
         .await
