@@ -42,6 +42,7 @@ mod mutual_exclusion;
 mod no_leak;
 mod ordering;
 mod payments_load;
+mod payments_locks;
 mod permits;
 mod quickstart_scenario;
 // Not a behaviour: the one model of the table's rules that `table_model` and

@@ -266,7 +266,7 @@ fn in_flight_limit() -> usize {
 
 /// A client that opens a connection per request and closes it with the response, so that
 /// the connections open at any moment are the requests in flight.
-fn client() -> Client {
+pub(crate) fn client() -> Client {
     Client::builder()
         .timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(0)
@@ -276,7 +276,7 @@ fn client() -> Client {
 }
 
 /// Checks a refusal: its status, a JSON body, and a message in `error`, which it returns.
-async fn expect_error(response: reqwest::Response, status: StatusCode) -> String {
+pub(crate) async fn expect_error(response: reqwest::Response, status: StatusCode) -> String {
     assert_eq!(response.status(), status, "{}", response.url());
     let content_type = response
         .headers()
@@ -296,14 +296,14 @@ async fn expect_error(response: reqwest::Response, status: StatusCode) -> String
 
 /// A running `payments` process on a free port, killed and waited for when dropped, on every
 /// exit path of a test. What it wrote to stderr is shown if the test fails.
-struct Service {
+pub(crate) struct Service {
     child: Child,
     base: String,
     stderr: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Service {
-    async fn start(args: &[&str]) -> Service {
+    pub(crate) async fn start(args: &[&str]) -> Service {
         let mut child = Command::new(example_binary("payments", ""))
             .args(["--addr", "127.0.0.1:0"])
             .args(args)
@@ -342,17 +342,17 @@ impl Service {
         service
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 
-    async fn get(&self, client: &Client, path: &str) -> Value {
+    pub(crate) async fn get(&self, client: &Client, path: &str) -> Value {
         let response = client.get(self.url(path)).send().await.expect("GET");
         assert_eq!(response.status(), StatusCode::OK, "GET {path}");
         response.json().await.expect("a JSON body")
     }
 
-    async fn post(&self, client: &Client, path: &str, body: Value) -> reqwest::Response {
+    pub(crate) async fn post(&self, client: &Client, path: &str, body: Value) -> reqwest::Response {
         client
             .post(self.url(path))
             .json(&body)

@@ -220,8 +220,16 @@ fn render_row(page: &mut String, key: &KeySnapshot<u64>) {
 /// Bounds as one duration when they agree to within a tenth, else as a range; the exact
 /// bounds in a tooltip.
 fn bounds(bounds: DurationBounds) -> String {
-    let (least, most) = (bounds.at_least, bounds.at_most);
-    let shown = if most.saturating_sub(least) <= least / 10 {
+    between(bounds.at_least, bounds.at_most)
+}
+
+/// [`bounds`] of `least` and `most`.
+fn between(least: Duration, most: Duration) -> String {
+    let shown = if least.is_zero() {
+        // Nothing was marked between the event and this snapshot: only the upper bound says
+        // anything.
+        format!("≤ {}", readable(most))
+    } else if most.saturating_sub(least) <= least / 10 {
         readable(least)
     } else {
         format!("{} – {}", readable(least), readable(most))
@@ -309,6 +317,15 @@ mod tests {
         assert_eq!(readable(Duration::from_micros(12_345)), "12.3 ms");
         assert_eq!(readable(Duration::from_millis(4_070)), "4.07 s");
         assert_eq!(readable(Duration::from_secs(125)), "2 min 5 s");
+    }
+
+    #[test]
+    fn bounds_read_as_one_duration_a_range_or_an_upper_bound() {
+        let shown =
+            |least, most| between(Duration::from_millis(least), Duration::from_millis(most));
+        assert!(shown(100, 105).contains(">100.0 ms</span>"));
+        assert!(shown(100, 300).contains(">100.0 ms – 300.0 ms</span>"));
+        assert!(shown(0, 890).contains(">≤ 890.0 ms</span>"));
     }
 
     #[test]
