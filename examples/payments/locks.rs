@@ -167,6 +167,11 @@ fn render_page(
             render_row(&mut page, key);
         }
         page.push_str("</tbody>\n</table>\n");
+        page.push_str(
+            "<p class=\"note\">Durations are bounds: the registry dates grants and arrivals by \
+             time marks, one per snapshot (each reload), so a short hold reads as at most \
+             the time since the last reload, and a stuck one as its age to within that.</p>\n",
+        );
     }
     page.push_str("<h2>Timeline</h2>\n");
     match timeline {
@@ -299,6 +304,7 @@ td.tokens { font-family: ui-monospace, Menlo, Consolas, monospace; }
 tr.waited td { background: #fff8c5; }
 tr.waited td.waiters { color: #9a6700; font-weight: 700; }
 .empty { color: #59636e; font-style: italic; }
+.note { color: #59636e; font-size: .85rem; margin: .4rem 0 0; max-width: 640px; }
 .timeline svg { max-width: 100%; height: auto; border: 1px solid #d8dee4; }
 code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; }
 </style>
