@@ -83,6 +83,28 @@ async fn a_contended_account_shows_its_holder_token_waiters_and_timeline() {
         "no waited-for row {row} in\n{contended}"
     );
     assert!(contended.contains("<svg"), "{contended}");
+    // The holder's token and how long it has held, in a unit, e.g. `≤ 12.3 ms`.
+    let row = &contended[contended.find(&row).expect("the row")..];
+    let row = &row[..row.find("</tr>").expect("the row's end")];
+    let shown_token = row
+        .split_once("<td class=\"tokens\">")
+        .and_then(|(_, cell)| cell.split_once("</td>"))
+        .and_then(|(text, _)| text.parse::<u64>().ok());
+    // A later holder than the one `/locks` showed, or the same.
+    assert!(shown_token >= Some(token), "{row}");
+    let held_for = row
+        .split("<span title=\"at least ")
+        .nth(1)
+        .and_then(|cell| cell.split_once("\">"))
+        .and_then(|(_, text)| text.split_once("</span>"))
+        .map(|(text, _)| text)
+        .unwrap_or_else(|| panic!("no held-for bounds in {row}"));
+    assert!(
+        [" ns", " µs", " ms", " s"]
+            .iter()
+            .any(|unit| held_for.ends_with(unit)),
+        "held for {held_for:?} in {row}"
+    );
 
     while let Some(status) = credits.join_next().await {
         assert_eq!(status.expect("the credit task finishes"), StatusCode::OK);

@@ -225,11 +225,7 @@ fn render_row(page: &mut String, key: &KeySnapshot<u64>) {
 /// Bounds as one duration when they agree to within a tenth, else as a range; the exact
 /// bounds in a tooltip.
 fn bounds(bounds: DurationBounds) -> String {
-    between(bounds.at_least, bounds.at_most)
-}
-
-/// [`bounds`] of `least` and `most`.
-fn between(least: Duration, most: Duration) -> String {
+    let (least, most) = (bounds.at_least, bounds.at_most);
     let shown = if least.is_zero() {
         // Nothing was marked between the event and this snapshot: only the upper bound says
         // anything.
@@ -312,42 +308,3 @@ code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; }
 <body>
 <h1>Locks of the payments service</h1>
 "#;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_read_in_the_unit_that_suits_them() {
-        assert_eq!(readable(Duration::from_nanos(850)), "850 ns");
-        assert_eq!(readable(Duration::from_micros(12_345)), "12.3 ms");
-        assert_eq!(readable(Duration::from_millis(4_070)), "4.07 s");
-        assert_eq!(readable(Duration::from_secs(125)), "2 min 5 s");
-    }
-
-    #[test]
-    fn bounds_read_as_one_duration_a_range_or_an_upper_bound() {
-        let shown =
-            |least, most| between(Duration::from_millis(least), Duration::from_millis(most));
-        assert!(shown(100, 105).contains(">100.0 ms</span>"));
-        assert!(shown(100, 300).contains(">100.0 ms – 300.0 ms</span>"));
-        assert!(shown(0, 890).contains(">≤ 890.0 ms</span>"));
-    }
-
-    #[test]
-    fn top_takes_one_to_the_maximum_and_refuses_the_rest() {
-        assert_eq!(top(None).ok(), Some(DEFAULT_TOP));
-        assert_eq!(top(Some("top=3")).ok(), Some(3));
-        for bad in ["top=abc", "top=0", "top=", "top=-1", "top=1001", "tpo=3"] {
-            assert!(top(Some(bad)).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn text_put_in_the_page_is_escaped() {
-        assert_eq!(
-            escape("<a href=\"x\">&'"),
-            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
-        );
-    }
-}
