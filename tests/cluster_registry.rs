@@ -88,8 +88,30 @@ async fn two_processes_exclude_each_other_and_tokens_increase_across_them() {
     }
 }
 
+/// Locks `key` once in each of `tasks` tasks of `registry`, holding each guard `hold`; the
+/// tokens in the order granted.
+fn lock_in_turn(
+    registry: &ClusterRegistry<String>,
+    key: &str,
+    tasks: usize,
+    hold: Duration,
+    tokens: &Arc<std::sync::Mutex<Vec<u64>>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..tasks)
+        .map(|_| {
+            let (registry, tokens, key) = (registry.clone(), Arc::clone(tokens), key.to_owned());
+            tokio::spawn(async move {
+                let guard = registry.lock(key).await.unwrap();
+                tokens.lock().unwrap().push(guard.fencing_token());
+                tokio::time::sleep(hold).await;
+                drop(guard);
+            })
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn local_holders_share_one_lease_up_to_the_bound() {
+async fn a_process_alone_on_its_key_keeps_its_lease_past_the_bound() {
     let prefix = fresh_prefix("kl_test_cohort_").await;
     let registry = ClusterRegistry::<String>::builder(database_url())
         .table_prefix(&prefix)
@@ -101,15 +123,7 @@ async fn local_holders_share_one_lease_up_to_the_bound() {
     // Eight local tasks queue on the key while the first holds it.
     let first = registry.lock("k".to_owned()).await.unwrap();
     let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let waiters: Vec<_> = (0..8)
-        .map(|_| {
-            let (registry, tokens) = (registry.clone(), Arc::clone(&tokens));
-            tokio::spawn(async move {
-                let guard = registry.lock("k".to_owned()).await.unwrap();
-                tokens.lock().unwrap().push(guard.fencing_token());
-            })
-        })
-        .collect();
+    let waiters = lock_in_turn(&registry, "k", 8, Duration::ZERO, &tokens);
     while registry.stats().await.unwrap().waiting < 8 {
         tokio::task::yield_now().await;
     }
@@ -120,19 +134,77 @@ async fn local_holders_share_one_lease_up_to_the_bound() {
     }
     let mut all = vec![first_token];
     all.extend(tokens.lock().unwrap().iter().copied());
-    assert!(all.windows(2).all(|pair| pair[0] < pair[1]), "{all:?}");
-    // Nine guards, at most four per lease (the first holder and three hand-offs): three
-    // leases, and hand-offs under one lease count up in the low bits.
-    let fences: Vec<u64> = all.iter().map(|token| token >> 20).collect();
-    let mut distinct = fences.clone();
-    distinct.dedup();
-    assert_eq!(distinct.len(), 3, "fences {fences:?}");
-    assert_eq!(
-        all[1] - all[0],
-        1,
-        "a local hand-off: same fence, next count"
-    );
+    // Nine guards, past the bound of four per round (the first holder and three hand-offs):
+    // no other process wants the key, so the renewal at each bound says so and the process
+    // keeps its lease. One fence, hand-offs counting up in the low bits.
+    let expected: Vec<u64> = (first_token..first_token + 9).collect();
+    assert_eq!(all, expected, "one lease for every guard");
     registry.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_another_process_waits_for_goes_back_within_two_rounds() {
+    let prefix = fresh_prefix("kl_test_cohort_wanted_").await;
+    let builder = || {
+        ClusterRegistry::<String>::builder(database_url())
+            .table_prefix(&prefix)
+            .lease(Duration::from_secs(5))
+            .max_local_handoffs(3)
+    };
+    let (ours, theirs) = (
+        builder().connect().await.unwrap(),
+        builder().connect().await.unwrap(),
+    );
+    let (admin, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let first = ours.lock("k".to_owned()).await.unwrap();
+    let fence = first.fencing_token() >> 20;
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // Forty guards of 10 ms each: ten rounds of the bound, if the process kept its lease.
+    let our_tasks = lock_in_turn(&ours, "k", 40, Duration::from_millis(10), &tokens);
+    while ours.stats().await.unwrap().waiting < 40 {
+        tokio::task::yield_now().await;
+    }
+    drop(first);
+    let waiter = tokio::spawn(async move {
+        let guard = theirs.lock("k".to_owned()).await.unwrap();
+        (guard.fencing_token(), theirs)
+    });
+    // The other process's refusal marks the row wanted; from then on, two rounds at most.
+    let wanted = format!("SELECT wanted FROM \"{prefix}leases\" WHERE key = 'k'");
+    let guards_before = timeout(BOUND, async {
+        loop {
+            let guards = tokens.lock().unwrap().len();
+            if admin
+                .query_one(&wanted, &[])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+            {
+                return guards;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the waiting process marks the key wanted");
+    let (their_token, theirs) = timeout(BOUND, waiter).await.unwrap().unwrap();
+    assert!(their_token >> 20 > fence);
+    for task in our_tasks {
+        timeout(BOUND, task).await.unwrap().unwrap();
+    }
+    let tokens = tokens.lock().unwrap().clone();
+    let under_first = tokens.iter().filter(|token| *token >> 20 == fence).count();
+    // Rounds of four guards; the first lease served its first guard before these tasks.
+    assert!(
+        under_first < guards_before + 2 * 4,
+        "{under_first} guards of the first lease, {guards_before} of them before the key was \
+         wanted: tokens {tokens:?}"
+    );
+    ours.shutdown().await;
+    theirs.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

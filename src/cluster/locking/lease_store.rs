@@ -64,13 +64,15 @@ pub(crate) trait LeaseStore: Send + Sync + 'static {
         key: &str,
     ) -> impl Future<Output = Result<Option<Fence>, LeaseError>> + Send;
 
-    /// Extends our live lease by the store's lease length from now; `false` when it is no
-    /// longer ours or has already run out (the lease is lost: stop using the resource).
+    /// Extends our live lease by the store's lease length from now, and says whether another
+    /// request waits for the key (it was refused the key since we took it: the row is
+    /// `wanted`); [`Renewal::Lost`] when the lease is no longer ours or has already run out
+    /// (stop using the resource).
     fn renew(
         &self,
         key: &str,
         fence: Fence,
-    ) -> impl Future<Output = Result<bool, LeaseError>> + Send;
+    ) -> impl Future<Output = Result<Renewal, LeaseError>> + Send;
 
     /// Ends our lease (the row and its fence stay) and notifies every store's listener; `false`
     /// if someone else took it after ours ran out. A lease that ran out untaken is still ours
@@ -148,6 +150,25 @@ pub(crate) trait LeaseStore: Send + Sync + 'static {
     /// [`release`](LeaseStore::release) does each (used by shutdown); returns the number of
     /// keys it released leases of.
     fn release_all(&self) -> impl Future<Output = Result<u64, LeaseError>> + Send;
+}
+
+/// What a [`renew`](LeaseStore::renew) of a whole lease found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// The lease was ours and live, and now runs a lease from the renewal. `wanted`: an
+    /// acquisition was refused the key while it was held (the mark a release announces), so a
+    /// process keeping the lease for its own callers must give it back at its hand-off bound.
+    Renewed { wanted: bool },
+    /// The lease is no longer ours, or ran out: it is lost.
+    Lost,
+}
+
+impl Renewal {
+    /// Whether the lease was still ours and is renewed.
+    #[cfg(test)]
+    pub(crate) fn is_renewed(self) -> bool {
+        matches!(self, Renewal::Renewed { .. })
+    }
 }
 
 /// Refuses a part lease's `permits` unless below `capacity`, as every store does first.

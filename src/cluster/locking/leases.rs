@@ -8,6 +8,19 @@
 //! Dice, Marathe and Shavit ("Lock Cohorting: A General Technique for Designing NUMA Locks",
 //! PPoPP 2012), with the process as the cohort and the lease as the global lock.
 //!
+//! Unlike a cohort lock, which sees the other cohorts' waiters in shared memory, a process
+//! learns of other processes' waiters only from the store. So the bound is counted in
+//! *rounds*: when a round of hand-offs reaches the bound, the process gives the lease back
+//! only if another process wants the key, as far as it knows; else it asks the store (a
+//! renewal, whose reply says whether an acquisition was refused the key, see
+//! [`Renewal`]) and, if nobody does, keeps the lease for another round. A process alone on
+//! its key thus keeps its lease while its callers want it, at one renewal per round (sent
+//! halfway through a round, or at its start once the key has been kept, so that its reply is
+//! usually back by the bound), and another process that wants the key gets it after at most
+//! two rounds: the one under way, and the next if the renewal that asked ran just before its
+//! refusal. A lease taken after a refusal of ours goes back at the first bound, without
+//! asking: another process held the key just before, so it is contended.
+//!
 //! A request for part of a key's permits (a shared lock, a few permits) takes a *part lease*
 //! of its own instead, held by its guard alone and given back when the guard drops: no
 //! hand-off, since other local holders of the key's permits hold their own parts beside it.
@@ -28,8 +41,8 @@
 //!    guard (or of the `lock` future). When it drops to zero, a lease still held is released.
 //! 3. A held lease is in use by at most one guard, because the local registry grants the key
 //!    to one holder at a time, and only that holder takes the lease.
-//! 4. `uses < max_uses` for a lease in use: a fencing token's low bits never overflow into
-//!    the fence.
+//! 4. `uses <= MAX_USES_OF_A_FENCE` for a lease, counting the guard in use: a fencing
+//!    token's low bits never overflow into the fence, however many rounds it is kept.
 //! 5. Once [`Leases::release_everything`] has begun (shutdown), no lease is recorded as held:
 //!    one whose acquisition lands later is released, so no guard is made on a lease that
 //!    shutdown's release may already have given back, and that another process may hold.
@@ -57,9 +70,10 @@ use tokio::runtime::Handle;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use crate::cluster::error::LeaseError;
 use crate::cluster::locking::entropy::Jitter;
 use crate::cluster::locking::lease_note::{LeaseEvent, LeaseNote};
-use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore};
+use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore, Renewal};
 use crate::cluster::locking::notices::LeaseNotices;
 
 /// Records a note in the local registry's journal (when it keeps one).
@@ -69,13 +83,17 @@ pub(crate) type LeaseJournal = Box<dyn Fn(String) + Send + Sync>;
 /// above. A fence below 2^44 (17.6 trillion acquisitions of one key) keeps tokens increasing.
 pub(crate) const HANDOFF_BITS: u32 = 20;
 
+/// Guards one fence can issue: the tokens' low bits count them (invariant 4). A lease kept
+/// round after round goes back when it reaches this, and the next is taken under a new fence.
+const MAX_USES_OF_A_FENCE: u32 = 1 << HANDOFF_BITS;
+
 /// How the process shares the leases among its local holders.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CohortBounds {
-    /// Guards issued under one fence before the lease goes back: the first holder plus the
-    /// local hand-offs.
+    /// Guards issued in one round of a lease before the process asks whether another process
+    /// wants the key (and gives it back if so): the first holder plus the local hand-offs.
     pub(crate) max_uses: u32,
-    /// How long the process keeps one fence while others in the process want the key.
+    /// How long one round of a lease lasts while others in the process want the key.
     pub(crate) max_hold: Duration,
 }
 
@@ -100,6 +118,10 @@ pub(crate) struct Leases<S> {
     /// given back at once, not recorded (invariant 5). Written and read under `keys`' lock,
     /// which orders them.
     closed: AtomicBool,
+    /// A bug the simulator plants to show it is found: the process ignores what the store says
+    /// of other processes' waiters, and keeps its leases round after round.
+    #[cfg(test)]
+    ignore_wanted: AtomicBool,
     journal: Option<LeaseJournal>,
     /// Spreads the waiters' polling (see [`Leases::poll_interval`]).
     jitter: Mutex<Jitter>,
@@ -139,6 +161,9 @@ struct KeyLease {
     owned: Vec<Owned>,
     /// Woken when the key's lease is announced released, or notices were missed.
     released: Arc<Notify>,
+    /// An acquisition of ours was refused the key since our last lease of it: another
+    /// process held it, so the next lease is contended from its start.
+    refused: bool,
 }
 
 impl KeyLease {
@@ -160,6 +185,7 @@ impl KeyLease {
             held: None,
             owned: Vec::new(),
             released: Arc::new(Notify::new()),
+            refused: false,
         }
     }
 }
@@ -177,9 +203,34 @@ struct Held {
     uses: u32,
     /// Whether a guard holds it now (invariant 3).
     in_use: bool,
-    acquired_at: Instant,
+    /// The round of the hand-off bound under way: the use it began at, and when.
+    round_from: u32,
+    round_started: Instant,
+    /// Another process wants the key, as far as this process knows (see the module's docs):
+    /// the lease goes back at the bound, without asking.
+    wanted: bool,
+    /// The renewal that asks whether the key is wanted, for the round under way.
+    check: Check,
+    /// Woken when a check is answered, and when the lease is let go (`Drop`).
+    check_answered: Arc<Notify>,
     /// Tells the guards of this fence how long it is good for, and when it is lost.
     validity: watch::Sender<Validity>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // A holder waiting for this lease's check looks again, and finds it gone.
+        self.check_answered.notify_one();
+    }
+}
+
+/// Whether the round under way asked the store if the key is wanted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    NotAsked,
+    Asked,
+    /// Answered: nobody else wanted the key when the renewal ran.
+    NotWanted,
 }
 
 /// What a guard knows of its lease.
@@ -210,6 +261,9 @@ pub(crate) enum Next {
     Acquire {
         after_release: Option<tokio::task::JoinHandle<Duration>>,
     },
+    /// The lease is at its bound and the store is being asked whether another process wants
+    /// it: wait for this, then ask again.
+    AwaitCheck(Arc<Notify>),
 }
 
 /// A guard's share of a held lease.
@@ -236,11 +290,27 @@ impl<S: LeaseStore> Leases<S> {
             lease,
             keys: Mutex::new(KeyMap::default()),
             closed: AtomicBool::new(false),
+            #[cfg(test)]
+            ignore_wanted: AtomicBool::new(false),
             journal,
             jitter: Mutex::new(jitter),
             background: Mutex::new(Vec::new()),
             runtime: Handle::current(),
         })
+    }
+
+    /// Plants the simulator's bug: see `ignore_wanted`.
+    #[cfg(test)]
+    pub(crate) fn plant_ignoring_wanted(&self) {
+        self.ignore_wanted.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the planted bug is on: never in a build that is not a test.
+    fn ignores_wanted(&self) -> bool {
+        #[cfg(test)]
+        return self.ignore_wanted.load(Ordering::Relaxed);
+        #[cfg(not(test))]
+        false
     }
 
     fn record(&self, name: &str, event: LeaseEvent) {
@@ -290,17 +360,48 @@ impl<S: LeaseStore> Leases<S> {
                 after_release: None,
             };
         }
-        let within_bounds =
-            held.uses < self.bounds.max_uses && held.acquired_at.elapsed() < self.bounds.max_hold;
-        if within_bounds && !held.validity.borrow().is_lost() {
-            held.in_use = true;
-            let lease = Lease {
-                fence: held.fence,
-                fencing_token: fencing_token(held.fence, held.uses),
-                validity: held.validity.subscribe(),
-            };
-            held.uses += 1;
-            return Next::Use(lease);
+        if held.uses < MAX_USES_OF_A_FENCE && !held.validity.borrow().is_lost() {
+            let round_uses = held.uses - held.round_from;
+            let round_time = held.round_started.elapsed();
+            let mut in_round =
+                round_uses < self.bounds.max_uses && round_time < self.bounds.max_hold;
+            if !in_round && !held.wanted {
+                match held.check {
+                    Check::NotWanted => {
+                        // Nobody else wants the key: another round.
+                        held.round_from = held.uses;
+                        held.round_started = Instant::now();
+                        held.check = Check::NotAsked;
+                        in_round = true;
+                    }
+                    Check::Asked => return Next::AwaitCheck(Arc::clone(&held.check_answered)),
+                    Check::NotAsked => {
+                        held.check = Check::Asked;
+                        let answered = Arc::clone(&held.check_answered);
+                        self.spawn_check(name, held.fence, held.round_from);
+                        return Next::AwaitCheck(answered);
+                    }
+                }
+            }
+            if in_round {
+                // Ask ahead, so that the answer is usually back by the bound: halfway through
+                // the first round, at the start of every round after it (the key is kept).
+                let ask_now = held.round_from > 0
+                    || round_uses >= self.bounds.max_uses / 2
+                    || round_time >= self.bounds.max_hold / 2;
+                if ask_now && !held.wanted && held.check == Check::NotAsked {
+                    held.check = Check::Asked;
+                    self.spawn_check(name, held.fence, held.round_from);
+                }
+                held.in_use = true;
+                let lease = Lease {
+                    fence: held.fence,
+                    fencing_token: fencing_token(held.fence, held.uses),
+                    validity: held.validity.subscribe(),
+                };
+                held.uses += 1;
+                return Next::Use(lease);
+            }
         }
         let fence = held.fence;
         entry.held = None;
@@ -363,7 +464,8 @@ impl<S: LeaseStore> Leases<S> {
         // use (or a newer one of ours, if a late statement of a caller that went away landed).
         match self.next_for_holder(name) {
             Next::Use(lease) => Ok(Some(lease)),
-            Next::Acquire { .. } => Ok(None),
+            // A lease just recorded is at the start of its first round.
+            Next::Acquire { .. } | Next::AwaitCheck(_) => Ok(None),
         }
     }
 
@@ -385,8 +487,9 @@ impl<S: LeaseStore> Leases<S> {
         };
         entry.in_flight -= 1;
         let mut release = None;
+        let refused_before = std::mem::take(&mut entry.refused);
         match taken {
-            Some(fence) if fence <= entry.highest_fence => {}
+            Some(fence) if fence <= entry.highest_fence => entry.refused = refused_before,
             Some(fence) if entry.interest == 0 || closed => {
                 entry.highest_fence = fence;
                 release = Some(fence);
@@ -410,11 +513,15 @@ impl<S: LeaseStore> Leases<S> {
                     fence,
                     uses: 0,
                     in_use: false,
-                    acquired_at: started,
+                    round_from: 0,
+                    round_started: started,
+                    wanted: refused_before && !self.ignores_wanted(),
+                    check: Check::NotAsked,
+                    check_answered: Arc::new(Notify::new()),
                     validity,
                 });
             }
-            None => {}
+            None => entry.refused = true,
         }
         if entry.is_unused() {
             keys.remove(name);
@@ -746,7 +853,13 @@ impl<S: LeaseStore> Leases<S> {
                 let started = Instant::now();
                 let renewed = match kind {
                     Kind::Whole => leases.store.renew(&name, fence).await,
-                    Kind::Part => leases.store.renew_part(&name, fence).await,
+                    Kind::Part => leases.store.renew_part(&name, fence).await.map(|renewed| {
+                        if renewed {
+                            Renewal::Renewed { wanted: false }
+                        } else {
+                            Renewal::Lost
+                        }
+                    }),
                 };
                 (name, fence, kind, started, renewed)
             });
@@ -757,8 +870,13 @@ impl<S: LeaseStore> Leases<S> {
                 continue;
             };
             match renewed {
-                Ok(true) => self.renewed(&name, fence, started),
-                Ok(false) => self.lose(&name, fence, "the lease is no longer ours"),
+                Ok(Renewal::Renewed { wanted }) => {
+                    self.renewed(&name, fence, started);
+                    if wanted {
+                        self.learn_wanted(&name, fence);
+                    }
+                }
+                Ok(Renewal::Lost) => self.lose(&name, fence, "the lease is no longer ours"),
                 Err(error) => {
                     let expired = self
                         .validity_of(&mut self.keys(), &name, fence)
@@ -776,6 +894,82 @@ impl<S: LeaseStore> Leases<S> {
                     }
                 }
             }
+        }
+    }
+
+    /// Asks the store, in a task of its own, whether another process wants `name`, whose lease
+    /// `fence` is at (or near) the hand-off bound of the round that began at use
+    /// `round_from`: a renewal, whose reply says so. The answer is recorded whoever waits for
+    /// it.
+    fn spawn_check(self: &Arc<Self>, name: &str, fence: Fence, round_from: u32) {
+        let leases = Arc::clone(self);
+        let name = name.to_owned();
+        self.runtime.spawn(async move {
+            let started = Instant::now();
+            let renewal = leases.store.renew(&name, fence).await;
+            leases.check_answered(&name, fence, round_from, started, renewal);
+        });
+    }
+
+    /// Records the answer to [`spawn_check`](Self::spawn_check): the renewal extends the
+    /// lease; `wanted`, or no answer, makes the lease go back at the bound; a lost lease is
+    /// lost. Wakes the holder waiting for it.
+    fn check_answered(
+        &self,
+        name: &str,
+        fence: Fence,
+        round_from: u32,
+        started: Instant,
+        renewal: Result<Renewal, LeaseError>,
+    ) {
+        let wanted = match renewal {
+            Ok(Renewal::Renewed { wanted }) => {
+                self.renewed(name, fence, started);
+                wanted && !self.ignores_wanted()
+            }
+            Ok(Renewal::Lost) => {
+                self.lose(name, fence, "the lease is no longer ours");
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(
+                    target: "keyed_locks::cluster",
+                    key = %name,
+                    fence,
+                    %error,
+                    "could not ask whether the key is wanted; giving the lease back at its bound"
+                );
+                true
+            }
+        };
+        let mut keys = self.keys();
+        let Some(held) = keys
+            .get_mut(name)
+            .and_then(|entry| entry.held.as_mut())
+            .filter(|held| held.fence == fence)
+        else {
+            return;
+        };
+        held.wanted |= wanted;
+        if held.round_from == round_from && held.check == Check::Asked && !wanted {
+            held.check = Check::NotWanted;
+        }
+        held.check_answered.notify_one();
+    }
+
+    /// A renewal of the heartbeat said another process wants `name`: its lease `fence` goes
+    /// back at the bound.
+    fn learn_wanted(&self, name: &str, fence: Fence) {
+        if self.ignores_wanted() {
+            return;
+        }
+        if let Some(held) = self
+            .keys()
+            .get_mut(name)
+            .and_then(|entry| entry.held.as_mut())
+            .filter(|held| held.fence == fence)
+        {
+            held.wanted = true;
         }
     }
 
@@ -868,14 +1062,13 @@ impl<S: LeaseStore> Leases<S> {
             self.closed.store(true, Ordering::Relaxed);
             let mut held = Vec::new();
             for (name, entry) in keys.iter_mut() {
-                let whole = entry.held.take().map(|held| (held.fence, held.validity));
-                let owned = entry
-                    .owned
-                    .drain(..)
-                    .map(|owned| (owned.fence, owned.validity));
-                for (fence, validity) in whole.into_iter().chain(owned) {
-                    validity.send_modify(|validity| validity.lost = true);
-                    held.push((name.clone(), fence));
+                if let Some(whole) = entry.held.take() {
+                    whole.validity.send_modify(|validity| validity.lost = true);
+                    held.push((name.clone(), whole.fence));
+                }
+                for owned in entry.owned.drain(..) {
+                    owned.validity.send_modify(|validity| validity.lost = true);
+                    held.push((name.clone(), owned.fence));
                 }
             }
             keys.retain(|_, entry| !entry.is_unused());

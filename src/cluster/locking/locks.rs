@@ -68,6 +68,15 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
         let local = self.local.try_lock(key).await?;
         let lease = match self.leases.next_for_holder(interest.name()) {
             Next::Use(lease) => lease,
+            // At the bound, asking whether another process wants the key: one statement of
+            // ours, which a try may wait for.
+            Next::AwaitCheck(answered) => {
+                answered.notified().await;
+                match self.leases.next_for_holder(interest.name()) {
+                    Next::Use(lease) => lease,
+                    _ => return Err(TryLockError::WouldBlock),
+                }
+            }
             // Given back at the hand-off bound just now, so that other processes get a turn:
             // they come first.
             Next::Acquire {
@@ -179,19 +188,25 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
     async fn lease_for(&self, interest: &Interest) -> Result<Lease, LockError> {
         let leases = &self.leases;
         self.wait_for_lease(&[interest], || async move {
-            match leases.next_for_holder(interest.name()) {
-                Next::Use(lease) => return Ok(Some(lease)),
-                Next::Acquire {
-                    after_release: None,
-                } => {}
-                Next::Acquire {
-                    after_release: Some(release),
-                } => {
-                    // The process gave the lease back at its bound. Waiting twice the release's
-                    // round trip before asking again lets a process that heard the release
-                    // notice get its acquire in first.
-                    let round_trip = release.await.unwrap_or(Duration::ZERO);
-                    tokio::time::sleep((2 * round_trip).max(Duration::from_millis(1))).await;
+            loop {
+                match leases.next_for_holder(interest.name()) {
+                    Next::Use(lease) => return Ok(Some(lease)),
+                    // At the bound, asking whether another process wants the key: its answer
+                    // says whether to keep the lease or give it back.
+                    Next::AwaitCheck(answered) => answered.notified().await,
+                    Next::Acquire {
+                        after_release: None,
+                    } => break,
+                    Next::Acquire {
+                        after_release: Some(release),
+                    } => {
+                        // The process gave the lease back at its bound. Waiting twice the
+                        // release's round trip before asking again lets a process that heard
+                        // the release notice get its acquire in first.
+                        let round_trip = release.await.unwrap_or(Duration::ZERO);
+                        tokio::time::sleep((2 * round_trip).max(Duration::from_millis(1))).await;
+                        break;
+                    }
                 }
             }
             leases.acquire(interest.name()).await

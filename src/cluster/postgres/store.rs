@@ -63,7 +63,7 @@ use tokio_postgres::{Client, Row};
 
 use crate::cluster::error::{ClusterError, LeaseError};
 use crate::cluster::locking::entropy::random_u64;
-use crate::cluster::locking::lease_store::{Fence, LeaseStore, check_key, check_part};
+use crate::cluster::locking::lease_store::{Fence, LeaseStore, Renewal, check_key, check_part};
 use crate::cluster::locking::notices::LeaseNotices;
 use crate::cluster::postgres::batch::{Batched, Batcher};
 use crate::cluster::postgres::config::{LeaseTable, PgLeaseConfig};
@@ -77,7 +77,7 @@ pub(crate) struct PgLeaseStore {
     lease: Duration,
     /// Acquisitions, renewals and releases of many keys go to the server together, as one
     /// statement (`batch`).
-    changes: Batcher<Change, Option<Fence>>,
+    changes: Batcher<Change, Option<Made>>,
     listener: AbortHandle,
 }
 
@@ -91,6 +91,14 @@ struct StoreCore {
     /// Permits per key, the same as the table's (checked at connect).
     capacity: NonZeroU32,
     link: StatementLink,
+}
+
+/// What a change in a batch made: the row's fence, and whether the key is wanted, as the
+/// statement left the row.
+#[derive(Debug, Clone, Copy)]
+struct Made {
+    fence: Fence,
+    wanted: bool,
 }
 
 /// One change to a lease row, in a batch.
@@ -195,24 +203,23 @@ impl PgLeaseStore {
 
     /// Sends `change` in the next batch and waits for what it did: the lease's fence if it was
     /// made (taken, renewed or released), `None` if not.
-    async fn submit(&self, change: Change) -> Result<Option<Fence>, LeaseError> {
+    async fn submit(&self, change: Change) -> Result<Option<Made>, LeaseError> {
         self.changes.submit(change).await.map_err(LeaseError::Batch)
     }
 
-    /// Renews or releases (`change`) our lease `fence` of `key`: whether it was ours.
+    /// Renews or releases (`change`) our lease `fence` of `key`: what it made, if it was ours.
     async fn change_lease(
         &self,
         key: &str,
         fence: Fence,
         change: fn(String, i64) -> Change,
-    ) -> Result<bool, LeaseError> {
+    ) -> Result<Option<Made>, LeaseError> {
         check_key(key)?;
         // A fence beyond the column's range was never handed out: not ours.
         let Ok(fence) = i64::try_from(fence) else {
-            return Ok(false);
+            return Ok(None);
         };
-        let made = self.submit(change(key.to_owned(), fence)).await?;
-        Ok(made.is_some())
+        self.submit(change(key.to_owned(), fence)).await
     }
 
     /// `acquire_all` (`trying` false) and `try_acquire_all` (true): one statement. If it took
@@ -303,7 +310,7 @@ impl StoreCore {
     async fn change_batch(
         self: Arc<Self>,
         batch: Vec<Change>,
-    ) -> Result<Vec<Option<Fence>>, LeaseError> {
+    ) -> Result<Vec<Option<Made>>, LeaseError> {
         // Rows are locked in key order in every batch of every process: no two batches can
         // wait for each other.
         let mut changes: Vec<_> = batch.iter().map(Change::columns).collect();
@@ -323,14 +330,16 @@ impl StoreCore {
         let mut made = HashMap::with_capacity(rows.len());
         for row in &rows {
             let taken: bool = row.try_get("taken").map_err(LeaseError::Statement)?;
-            made.insert(key_of(row)?, (taken, fence_of(row)?));
+            let wanted: bool = row.try_get("wanted").map_err(LeaseError::Statement)?;
+            let fence = fence_of(row)?;
+            made.insert(key_of(row)?, (taken, Made { fence, wanted }));
         }
         Ok(batch
             .iter()
             .map(|change| {
-                let &(taken, fence) = made.get(change.key())?;
+                let &(taken, made) = made.get(change.key())?;
                 let acquiring = matches!(change, Change::Acquire { .. });
-                (taken || !acquiring).then_some(fence)
+                (taken || !acquiring).then_some(made)
             })
             .collect())
     }
@@ -344,10 +353,12 @@ fn key_of(row: &Row) -> Result<String, LeaseError> {
 impl LeaseStore for PgLeaseStore {
     async fn acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
         check_key(key)?;
-        self.submit(Change::Acquire {
-            key: key.to_owned(),
-        })
-        .await
+        let made = self
+            .submit(Change::Acquire {
+                key: key.to_owned(),
+            })
+            .await?;
+        Ok(made.map(|made| made.fence))
     }
 
     async fn try_acquire(&self, key: &str) -> Result<Option<Fence>, LeaseError> {
@@ -363,9 +374,13 @@ impl LeaseStore for PgLeaseStore {
         rows.first().map(fence_of).transpose()
     }
 
-    async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
-        self.change_lease(key, fence, |key, fence| Change::Renew { key, fence })
-            .await
+    async fn renew(&self, key: &str, fence: Fence) -> Result<Renewal, LeaseError> {
+        let made = self
+            .change_lease(key, fence, |key, fence| Change::Renew { key, fence })
+            .await?;
+        Ok(made.map_or(Renewal::Lost, |made| Renewal::Renewed {
+            wanted: made.wanted,
+        }))
     }
 
     async fn acquire_part(
@@ -467,8 +482,10 @@ impl LeaseStore for PgLeaseStore {
     }
 
     async fn release(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
-        self.change_lease(key, fence, |key, fence| Change::Release { key, fence })
-            .await
+        let made = self
+            .change_lease(key, fence, |key, fence| Change::Release { key, fence })
+            .await?;
+        Ok(made.is_some())
     }
 
     async fn release_all(&self) -> Result<u64, LeaseError> {
@@ -846,7 +863,7 @@ impl Statements {
                    ORDER BY given.position \
                    {change_row} \
                    RETURNING key, fence, owner, wanted) \
-                 SELECT key, fence, coalesce(owner = $2, false) AS taken, \
+                 SELECT key, fence, wanted, coalesce(owner = $2, false) AS taken, \
                         CASE WHEN owner IS NULL AND wanted \
                              THEN pg_notify($4, key)::text END AS announced, \
                         {async_commit} \

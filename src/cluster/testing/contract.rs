@@ -12,7 +12,9 @@ use std::time::Duration;
 use tokio::time::{sleep, timeout};
 
 use crate::cluster::error::LeaseError;
-use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore, MAX_KEY_BYTES};
+use crate::cluster::locking::lease_store::{
+    Fence, LeaseNotice, LeaseStore, MAX_KEY_BYTES, Renewal,
+};
 use crate::cluster::locking::notices::LeaseNotices;
 
 pub(crate) const SHORT_LEASE: Duration = Duration::from_millis(300);
@@ -71,6 +73,7 @@ macro_rules! contract_tests {
             the_holder_acquiring_again_gets_a_new_fence_and_the_old_one_is_dead,
             a_key_too_long_to_announce_is_refused_and_the_longest_allowed_works,
             renew_extends_a_live_lease_from_now,
+            a_renewal_says_whether_an_acquisition_was_refused_the_key,
             renew_fails_once_another_owner_took_the_lease,
             renew_fails_once_the_lease_ran_out_even_if_nobody_took_it,
             release_keeps_the_row_and_its_fence_and_the_next_acquire_gets_the_next_fence,
@@ -185,9 +188,15 @@ pub(crate) async fn the_holder_acquiring_again_gets_a_new_fence_and_the_old_one_
     let store = &stores[0].0;
     assert_eq!(acquired(store, "k").await, 1);
     assert_eq!(acquired(store, "k").await, 2);
-    assert_eq!(store.renew("k", 1).await.ok(), Some(false));
+    assert_eq!(
+        store.renew("k", 1).await.ok().map(Renewal::is_renewed),
+        Some(false)
+    );
     assert_eq!(store.release("k", 1).await.ok(), Some(false));
-    assert_eq!(store.renew("k", 2).await.ok(), Some(true));
+    assert_eq!(
+        store.renew("k", 2).await.ok().map(Renewal::is_renewed),
+        Some(true)
+    );
 }
 
 pub(crate) async fn a_key_too_long_to_announce_is_refused_and_the_longest_allowed_works<
@@ -225,8 +234,30 @@ pub(crate) async fn renew_extends_a_live_lease_from_now<B: Backend>() {
     let fence = acquired(store, "k").await;
     let before = backend.expires_at("k").await;
     sleep(Duration::from_millis(50)).await;
-    assert_eq!(store.renew("k", fence).await.ok(), Some(true));
+    assert_eq!(
+        store.renew("k", fence).await.ok().map(Renewal::is_renewed),
+        Some(true)
+    );
     assert!(backend.expires_at("k").await > before);
+}
+
+pub(crate) async fn a_renewal_says_whether_an_acquisition_was_refused_the_key<B: Backend>() {
+    // What lets a process keep its lease for its own callers while nobody else wants the key.
+    let (_backend, (holder, _), (other, _)) = two::<B>("renew_wanted", LONG_LEASE).await;
+    let fence = acquired(&holder, "k").await;
+    let not_wanted = Some(Renewal::Renewed { wanted: false });
+    assert_eq!(holder.renew("k", fence).await.ok(), not_wanted);
+    // A try that is refused changes nothing: it does not wait.
+    assert_eq!(other.try_acquire("k").await.ok(), Some(None));
+    assert_eq!(holder.renew("k", fence).await.ok(), not_wanted);
+    assert_eq!(other.acquire("k").await.ok(), Some(None));
+    let wanted = Some(Renewal::Renewed { wanted: true });
+    assert_eq!(holder.renew("k", fence).await.ok(), wanted);
+    assert_eq!(
+        holder.renew("k", fence).await.ok(),
+        wanted,
+        "until the key is taken"
+    );
 }
 
 pub(crate) async fn renew_fails_once_another_owner_took_the_lease<B: Backend>() {
@@ -236,9 +267,19 @@ pub(crate) async fn renew_fails_once_another_owner_took_the_lease<B: Backend>() 
     let current = acquired(&other, "k").await;
     assert_eq!(current, fence + 1);
     let before = backend.expires_at("k").await;
-    assert_eq!(holder.renew("k", fence).await.ok(), Some(false));
+    assert_eq!(
+        holder.renew("k", fence).await.ok().map(Renewal::is_renewed),
+        Some(false)
+    );
     // Nor with the current fence: it is not the owner.
-    assert_eq!(holder.renew("k", current).await.ok(), Some(false));
+    assert_eq!(
+        holder
+            .renew("k", current)
+            .await
+            .ok()
+            .map(Renewal::is_renewed),
+        Some(false)
+    );
     assert_eq!(backend.expires_at("k").await, before);
 }
 
@@ -247,7 +288,10 @@ pub(crate) async fn renew_fails_once_the_lease_ran_out_even_if_nobody_took_it<B:
     let holder = &stores[0].0;
     let fence = acquired(holder, "k").await;
     sleep(PAST_SHORT_LEASE).await;
-    assert_eq!(holder.renew("k", fence).await.ok(), Some(false));
+    assert_eq!(
+        holder.renew("k", fence).await.ok().map(Renewal::is_renewed),
+        Some(false)
+    );
 }
 
 // Release.
@@ -273,7 +317,14 @@ pub(crate) async fn release_with_a_stale_fence_returns_false_and_changes_nothing
     assert_eq!(holder.release("k", current).await.ok(), Some(false));
     let after = (backend.row("k").await, backend.expires_at("k").await);
     assert_eq!(after, before);
-    assert_eq!(other.renew("k", current).await.ok(), Some(true));
+    assert_eq!(
+        other
+            .renew("k", current)
+            .await
+            .ok()
+            .map(Renewal::is_renewed),
+        Some(true)
+    );
 }
 
 pub(crate) async fn a_lease_that_ran_out_untaken_is_still_released_by_its_holder<B: Backend>() {
@@ -609,7 +660,10 @@ pub(crate) async fn a_set_is_taken_whole_or_not_at_all<B: Backend>() {
             backend.row(key).await,
             Some((Some(B::owner(&other)), *fence))
         );
-        assert_eq!(other.renew(key, *fence).await.ok(), Some(true));
+        assert_eq!(
+            other.renew(key, *fence).await.ok().map(Renewal::is_renewed),
+            Some(true)
+        );
     }
     // Each is a whole lease of its own, released alone.
     assert_eq!(other.release("a", fences[0]).await.ok(), Some(true));

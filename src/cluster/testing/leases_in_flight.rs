@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 
 use crate::cluster::error::LeaseError;
 use crate::cluster::locking::entropy::Jitter;
-use crate::cluster::locking::lease_store::{Fence, LeaseStore};
+use crate::cluster::locking::lease_store::{Fence, LeaseStore, Renewal};
 use crate::cluster::locking::leases::*;
 use crate::cluster::testing::memory_store::{MemoryLeaseStore, MemoryLeaseTable};
 
@@ -57,7 +57,7 @@ impl LeaseStore for HeldStore {
         Self::held(hold, self.inner.try_acquire(key)).await
     }
 
-    async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+    async fn renew(&self, key: &str, fence: Fence) -> Result<Renewal, LeaseError> {
         self.inner.renew(key, fence).await
     }
 

@@ -41,7 +41,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cluster::error::LeaseError;
-use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore, check_key, check_part};
+use crate::cluster::locking::lease_store::{
+    Fence, LeaseNotice, LeaseStore, Renewal, check_key, check_part,
+};
 use crate::cluster::locking::notices::{self, LeaseNotices, NoticeSender};
 
 /// The table that the stores made by [`MemoryLeaseTable::store`] share. Cheap to clone: the
@@ -531,7 +533,7 @@ impl LeaseStore for MemoryLeaseStore {
         self.take_all(keys, true)
     }
 
-    async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+    async fn renew(&self, key: &str, fence: Fence) -> Result<Renewal, LeaseError> {
         check_key(key)?;
         let now = Instant::now();
         let mut table = self.table();
@@ -543,9 +545,9 @@ impl LeaseStore for MemoryLeaseStore {
                     && row.is_owned_by(&self.owner) =>
             {
                 row.expires_at = now + self.lease;
-                Ok(true)
+                Ok(Renewal::Renewed { wanted: row.wanted })
             }
-            _ => Ok(false),
+            _ => Ok(Renewal::Lost),
         }
     }
 

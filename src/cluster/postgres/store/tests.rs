@@ -18,7 +18,7 @@ use tokio_postgres::{Client, NoTls};
 
 use crate::cluster::ClusterError;
 use crate::cluster::error::LeaseError;
-use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore};
+use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore, Renewal};
 use crate::cluster::locking::notices::LeaseNotices;
 use crate::cluster::postgres::config::PgLeaseConfig;
 use crate::cluster::postgres::store::{FLOOR_RISE_AFTER_CRASH, PgLeaseStore};
@@ -396,7 +396,10 @@ async fn a_statement_cut_by_a_lost_connection_fails_and_the_next_call_reconnects
         "{renewed:?}"
     );
     locker.batch_execute("ROLLBACK").await.expect("rollback");
-    assert_eq!(store.renew("k", fence).await.ok(), Some(true));
+    assert_eq!(
+        store.renew("k", fence).await.ok(),
+        Some(Renewal::Renewed { wanted: false })
+    );
 }
 
 #[tokio::test]
@@ -706,7 +709,12 @@ async fn acquisitions_renewals_and_releases_made_together_keep_their_own_answers
     assert_eq!(answers(acquisitions), [Some(Some(1)), Some(None)]);
     assert_eq!(
         answers(renewals),
-        [Some(true), Some(false), Some(false), Some(false)]
+        [
+            Some(Renewal::Renewed { wanted: false }),
+            Some(Renewal::Lost),
+            Some(Renewal::Lost),
+            Some(Renewal::Lost)
+        ]
     );
     assert_eq!(answers(releases), [Some(true), Some(false), Some(false)]);
 

@@ -13,8 +13,13 @@
 //!   every token of a whole-key grant before it; a whole-key grant's token is above every
 //!   token granted for the key before, by any process. (Holders of parts of a key hold it
 //!   together, and their grants may reach them in another order than the table made them.)
-//! - **The hand-off bound**: a lease serves at most `max_local_handoffs + 1` guards, all within
-//!   `max_local_hold` of its first.
+//! - **The hand-off bound**: once another process's request for a key is refused while a
+//!   process holds its whole lease (the store marks the key wanted), that lease serves fewer
+//!   than `2 x (max_local_handoffs + 1)` more guards, none later than `2 x max_local_hold`
+//!   (and one statement's way, [`TRY_BOUND`]) after the refusal. A lease nobody else wants is
+//!   not bounded: the process keeps it for its own callers. (Two rounds of the bound: the
+//!   renewal that asks whether the key is wanted is sent at the start of each round, and may
+//!   have run just before the refusal.)
 //! - **Every call ends**: a `lock` call without a caller's timeout ends (granted or `Closed`)
 //!   within [`CALL_BOUND`].
 //! - **A try does not wait**: a `try_lock` ends within [`TRY_BOUND`] of its process's running
@@ -91,8 +96,11 @@ struct State {
     granted_whole: BTreeMap<String, u64>,
     /// Every token granted per key, none twice.
     tokens: BTreeMap<String, std::collections::BTreeSet<u64>>,
-    /// When the first guard under each lease was granted.
-    first_grant: BTreeMap<(String, Fence), Instant>,
+    /// The highest hand-off count (a token's low bits) granted under each whole lease.
+    highest_use: BTreeMap<(String, Fence), u64>,
+    /// Each whole lease that another process was refused: the hand-off count it had reached
+    /// and when.
+    wanted_since: BTreeMap<(String, Fence), (u64, Instant)>,
     holders: BTreeMap<String, Vec<Holder>>,
     /// The resource's record: the highest token it accepted per key.
     resource: BTreeMap<String, u64>,
@@ -172,6 +180,21 @@ impl Checker {
 
     pub(super) fn count_faults(&self, faults: u64) {
         self.state().stats.faults += faults;
+    }
+
+    /// Another process's request for `key` was refused while the whole lease `fence` lived:
+    /// the store marked the key wanted. The first report per lease starts its bound.
+    pub(super) fn wanted_while_held(&self, key: &str, fence: Fence) {
+        let mut state = self.state();
+        let lease = (key.to_owned(), fence);
+        let from_use = state
+            .highest_use
+            .get(&lease)
+            .map_or(0, |highest| highest + 1);
+        state
+            .wanted_since
+            .entry(lease)
+            .or_insert((from_use, Instant::now()));
     }
 
     /// A `lock` call starts; returns its number for [`call_ended`](Self::call_ended).
@@ -313,22 +336,25 @@ impl Checker {
                     .granted_whole
                     .insert(key.to_owned(), before_whole.max(token));
             }
-            if uses >= u64::from(self.max_uses) {
-                failures.push(format!(
-                    "{who} was granted {key:?} as guard {} of lease {fence}: past the bound of {}",
-                    uses + 1,
-                    self.max_uses
-                ));
-            }
-            let first = *state
-                .first_grant
-                .entry((key.to_owned(), fence))
-                .or_insert(now);
-            if now - first >= MAX_HOLD {
-                failures.push(format!(
-                    "{who} was granted {key:?} under lease {fence} {:?} after its first guard: past the hold bound of {MAX_HOLD:?}",
-                    now - first
-                ));
+            if whole {
+                let lease = (key.to_owned(), fence);
+                if let Some(&(from_use, since)) = state.wanted_since.get(&lease) {
+                    let bound = from_use + 2 * u64::from(self.max_uses);
+                    if uses >= bound {
+                        failures.push(format!(
+                            "{who} was granted {key:?} as guard {} of lease {fence}, wanted by another process since guard {from_use}: past the bound of {bound}",
+                            uses + 1,
+                        ));
+                    }
+                    if now - since >= 2 * MAX_HOLD + TRY_BOUND {
+                        failures.push(format!(
+                            "{who} was granted {key:?} under lease {fence} {:?} after another process was refused it: past twice the hold bound of {MAX_HOLD:?}",
+                            now - since
+                        ));
+                    }
+                }
+                let highest = state.highest_use.entry(lease).or_insert(uses);
+                *highest = (*highest).max(uses);
             }
             state
                 .holders

@@ -23,7 +23,7 @@ use super::log::EventLog;
 use super::plan::{HEARTBEAT, LEASE, ProcessClock};
 use super::rng::Rng;
 use crate::cluster::error::LeaseError;
-use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore};
+use crate::cluster::locking::lease_store::{Fence, LeaseNotice, LeaseStore, Renewal};
 use crate::cluster::locking::notices::{self, LeaseNotices};
 use crate::cluster::testing::memory_store::{MemoryLeaseStore, MemoryLeaseTable, Row};
 
@@ -189,6 +189,7 @@ impl SimStore {
         // The memory store's calls complete at once: the statement is one step of the table.
         let reply = apply().await;
         self.event(format_args!("{statement} -> {reply:?}"));
+        self.report_wanted_holders(&statement, now);
         if let Ok(value) = &reply
             && let Err(broken) = check(value, before.as_ref(), now)
         {
@@ -210,6 +211,28 @@ impl SimStore {
 
     fn owner(&self) -> &str {
         self.inner.owner()
+    }
+
+    /// Tells the checker of every key `statement` touched that is now wanted while another
+    /// owner's whole lease of it lives: from here on, that owner's hand-offs are bounded.
+    fn report_wanted_holders(&self, statement: &Statement<'_>, now: Instant) {
+        let keys: &[String] = match statement {
+            Statement::AcquireAll(keys) | Statement::TryAcquireAll(keys) => keys,
+            _ => &[],
+        };
+        let names = statement
+            .key()
+            .into_iter()
+            .chain(keys.iter().map(String::as_str));
+        for key in names {
+            if let Some(row) = self.table.row(key)
+                && row.wanted
+                && row.is_held_at(now)
+                && !row.is_owned_by(self.owner())
+            {
+                self.checker.wanted_while_held(key, row.fence);
+            }
+        }
     }
 
     /// `acquire_all` or (`trying`) `try_acquire_all`, its reply checked against the rows of
@@ -334,20 +357,29 @@ impl LeaseStore for SimStore {
         .await
     }
 
-    async fn renew(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+    async fn renew(&self, key: &str, fence: Fence) -> Result<Renewal, LeaseError> {
         let owner = self.owner().to_owned();
         self.run(
             Statement::Renew(key, fence),
             || self.inner.renew(key, fence),
-            |renewed, row, now| {
+            |renewal, row, now| {
                 let ours_and_live = row.is_some_and(|row| {
                     row.is_held_at(now) && row.fence == fence && row.is_owned_by(&owner)
                 });
                 expect(
-                    *renewed,
+                    renewal.is_renewed(),
                     ours_and_live,
                     "the row was ours, live and under this fence",
-                )
+                )?;
+                match (renewal, row) {
+                    (Renewal::Renewed { wanted }, Some(row)) if *wanted != row.wanted => {
+                        Err(format!(
+                            "renewed with wanted {wanted}, where the row said {}",
+                            row.wanted
+                        ))
+                    }
+                    _ => Ok(()),
+                }
             },
         )
         .await

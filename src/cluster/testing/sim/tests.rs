@@ -64,6 +64,7 @@ const PLANTED: &[(PlantedBug, u64)] = &[
     (PlantedBug::WholeOverParts, 20),
     (PlantedBug::PartOvertakesWaiter, 20),
     (PlantedBug::LockAllOneByOne, 20),
+    (PlantedBug::KeepsWantedLease, 20),
 ];
 
 fn seeds() -> Range<u64> {

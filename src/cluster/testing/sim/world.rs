@@ -42,6 +42,9 @@ pub(crate) enum PlantedBug {
     /// `lock_all` locks its keys one by one in the order listed, holding each while it waits
     /// for the next.
     LockAllOneByOne,
+    /// Every process ignores what the store says of other processes' waiters (a renewal's
+    /// `wanted`, its own refusals), and keeps its leases round after round.
+    KeepsWantedLease,
 }
 
 /// What one run did.
@@ -232,6 +235,9 @@ impl Run {
             .spawn();
         let polling = Jitter::from_seed(Rng::new(seed, POLLING | stream).next_u64());
         let leases = Leases::new(store, self.bounds, LEASE, None, polling);
+        if self.planted == Some(PlantedBug::KeepsWantedLease) {
+            leases.plant_ignoring_wanted();
+        }
         leases::spawn_background(&leases, notices, HEARTBEAT);
         let locks = ClusterLocks::new(local, leases);
         let workers = (0..process_plan.workers)
