@@ -6,6 +6,7 @@
 //! cargo run --release --features postgres --example cluster_vs_advisory -- --workload keys
 //! cargo run --release --features postgres --example cluster_vs_advisory -- --workload try
 //! cargo run --release --features postgres --example cluster_vs_advisory -- --workload shared
+//! cargo run --release --features postgres --example cluster_vs_advisory -- --workload own
 //! ```
 //!
 //! It starts `--processes` child processes (default 3) of itself for each contender, each with
@@ -22,7 +23,9 @@
 //! server for it) costs no statement and returns at once; an advisory attempt is always a round
 //! trip. `shared` takes and releases `--locks` shared locks per task of the one hot key,
 //! `lock_shared` or `SELECT pg_advisory_lock_shared($1)` then `pg_advisory_unlock_shared`:
-//! readers only, so no one ever waits for the key. Cluster mode's keys then have
+//! readers only, so no one ever waits for the key. `own` gives each process a key of its own,
+//! which its tasks lock in turn (`k1000`, `k1001`, ...; advisory keys 1000, 1001, ...): no
+//! process ever wants another's key, so in cluster mode each keeps its lease for its tasks. Cluster mode's keys then have
 //! `--processes` x `--tasks` permits ([`ClusterBuilder::capacity`]), so every task of every
 //! process can hold the key at once; the capacity is the lease table's, so `shared` uses a
 //! table of its own per capacity (`keyed_locks_compare_shared24_leases` for 3 x 8). Each
@@ -64,9 +67,9 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Clone, Parser)]
 #[command(args_override_self = true)]
 struct Options {
-    /// One hot key, a key drawn at random from `--keys`, tries of the hot key, or shared
-    /// locks of the hot key
-    #[arg(long, default_value = "hot", value_parser = ["hot", "keys", "try", "shared"])]
+    /// One hot key, a key drawn at random from `--keys`, tries of the hot key, shared locks
+    /// of the hot key, or a key per process
+    #[arg(long, default_value = "hot", value_parser = ["hot", "keys", "try", "shared", "own"])]
     workload: String,
     /// Processes per contender
     #[arg(long, value_name = "P", default_value_t = 3)]
@@ -356,10 +359,11 @@ impl Task {
         let mut keys = KeyDraw::new(seed);
         let (mut grants, mut longest) = (0, Duration::ZERO);
         for _ in 0..options.locks {
-            let key = if options.workload == "keys" {
-                keys.next() % options.keys
-            } else {
-                0
+            let key = match options.workload.as_str() {
+                "keys" => keys.next() % options.keys,
+                // The process's number is the seed's high half.
+                "own" => 1000 + (seed >> 32),
+                _ => 0,
             };
             let asked = Instant::now();
             match &self {
