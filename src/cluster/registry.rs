@@ -22,8 +22,8 @@ use crate::key::LockKey;
 use crate::pure::stats::RegistryStats;
 use crate::registry::LockRegistry;
 
-/// Guards issued under one lease before it goes back, by default: the first holder and 15
-/// local hand-offs.
+/// Guards issued in one round of a lease, by default: the first holder and 15 local
+/// hand-offs.
 const DEFAULT_MAX_USES: u32 = 16;
 
 /// Per-key locks shared by every process that connects to the same lease table.
@@ -31,9 +31,9 @@ const DEFAULT_MAX_USES: u32 = 16;
 /// Each process keeps its own [`LockRegistry`] for its local queues (FIFO, cancel-safe, no
 /// entry left behind) and holds a *lease* per key in a PostgreSQL table while its local
 /// holders use the key. A lease passes from one local holder to the next without a database
-/// round trip, up to a bound ([`ClusterBuilder::max_local_handoffs`],
-/// [`ClusterBuilder::max_local_hold`]); then it goes back so that other processes get their
-/// turn. A heartbeat renews the leases; a lease that cannot be renewed is *lost*, and its
+/// round trip, in rounds of a bound ([`ClusterBuilder::max_local_handoffs`],
+/// [`ClusterBuilder::max_local_hold`]); at a round's end it goes back if another process wants
+/// the key, and is kept for another round if a renewal says nobody does. A heartbeat renews the leases; a lease that cannot be renewed is *lost*, and its
 /// guard says so ([`ClusterGuard::is_lost`], [`ClusterGuard::lost`]).
 ///
 /// A lease can run out while its holder is paused, so the resource you protect must check
@@ -969,15 +969,19 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
         self
     }
 
-    /// How many times a lease passes from one local holder to the next before it goes back.
-    /// Default 15. 0 sends every lock to the database.
+    /// How many times a lease passes from one local holder to the next in one round. At a
+    /// round's end the lease goes back if another process wants the key (a renewal asks the
+    /// table when the process does not know), else it is kept for another round; a process
+    /// that waits gets the key after at most two rounds once its refusal has marked it.
+    /// Default 15. 0 makes every round one lock: a process gives the lease back to a waiting
+    /// process at once, and asks the table at every lock while it keeps it.
     pub fn max_local_handoffs(mut self, handoffs: u32) -> Self {
         self.max_uses = handoffs.saturating_add(1);
         self
     }
 
-    /// How long one lease may stay in the process while local holders pass it on. Default
-    /// half the lease.
+    /// How long one round of a lease lasts while local holders pass it on (see
+    /// [`max_local_handoffs`](Self::max_local_handoffs)). Default half the lease.
     pub fn max_local_hold(mut self, hold: Duration) -> Self {
         self.max_hold = Some(hold);
         self

@@ -386,8 +386,9 @@ impl<S: LeaseStore> Leases<S> {
             if in_round {
                 // Ask ahead, so that the answer is usually back by the bound: halfway through
                 // the first round, at the start of every round after it (the key is kept).
+                // Never at a lease's first guard: a key locked once needs no renewal.
                 let ask_now = held.round_from > 0
-                    || round_uses >= self.bounds.max_uses / 2
+                    || round_uses >= (self.bounds.max_uses / 2).max(1)
                     || round_time >= self.bounds.max_hold / 2;
                 if ask_now && !held.wanted && held.check == Check::NotAsked {
                     held.check = Check::Asked;
