@@ -5,7 +5,7 @@ use std::fmt;
 use tokio::sync::watch;
 
 use crate::cluster::locking::lease_store::Fence;
-use crate::cluster::locking::leases::{Interest, Lease, OwnedLease, Validity};
+use crate::cluster::locking::leases::{Interest, Lease, PartUse, Validity};
 use crate::guard::KeyGuard;
 use crate::key::LockKey;
 
@@ -15,20 +15,22 @@ use crate::key::LockKey;
 /// A guard of the whole key (`lock`, `lock_all`, or every permit) uses the process's lease of
 /// the key; dropping it releases the local lock without awaiting and passes the lease to the
 /// next local waiter; with none left, the lease goes back to the table in a task of its own.
-/// A guard of part of the key's permits (`lock_shared`, `acquire` of fewer than all) holds a
-/// lease of its own, which goes back to the table, in a task of its own, when it is dropped.
+/// A guard of part of the key's permits (`lock_shared`, `acquire` of fewer than all) uses a
+/// part lease of that many permits, its own while it holds it; dropping it passes the part on
+/// to the next local request of its size, or gives it back to the table, in a task of its
+/// own.
 #[must_use = "if unused the lock is released at once"]
 #[clippy::has_significant_drop]
 pub struct ClusterGuard<K: LockKey + fmt::Display> {
     fence: Fence,
     fencing_token: u64,
     validity: watch::Receiver<Validity>,
-    // Field order is drop order. A part lease goes back first, so that the next local holder
-    // of the key's permits, granted when the local lock goes, finds it gone from the table
-    // sooner. The local lock goes before the interest, so a whole lease whose last local user
-    // leaves is released after the key is free locally.
-    /// The guard's own part lease; `None` for a guard of the process's whole lease.
-    part: Option<OwnedLease>,
+    // Field order is drop order. A part lease is put back first, so that the next local holder
+    // of the key's permits, granted when the local lock goes, finds it free. The local lock
+    // goes before the interest, so a lease whose last local user leaves is released after
+    // the key is free locally.
+    /// The part lease this guard uses; `None` for a guard of the process's whole lease.
+    part: Option<PartUse>,
     local: KeyGuard<K>,
     interest: Interest,
 }
@@ -46,12 +48,12 @@ impl<K: LockKey + fmt::Display> ClusterGuard<K> {
         }
     }
 
-    /// A guard of part of the key's permits, under its own part lease.
-    pub(crate) fn with_part(local: KeyGuard<K>, part: OwnedLease, interest: Interest) -> Self {
+    /// A guard of part of the key's permits, under a part lease it uses alone.
+    pub(crate) fn with_part(local: KeyGuard<K>, part: PartUse, interest: Interest) -> Self {
         ClusterGuard {
-            fence: part.fence,
-            fencing_token: part.fencing_token(),
-            validity: part.validity.clone(),
+            fence: part.lease.fence,
+            fencing_token: part.lease.fencing_token,
+            validity: part.lease.validity.clone(),
             part: Some(part),
             local,
             interest,
@@ -63,16 +65,18 @@ impl<K: LockKey + fmt::Display> ClusterGuard<K> {
         self.local.key()
     }
 
-    /// This grant's fencing token: strictly greater than every earlier token of the same key,
-    /// in any process sharing the lease table.
+    /// This grant's fencing token: never granted before for the key in any process sharing
+    /// the lease table, and for a guard of the whole key strictly greater than every earlier
+    /// token of the key.
     ///
     /// The lease's fence (the table's count of acquisitions of the key, whole or part) is in
     /// the high 44 bits and the number of local hand-offs under that lease in the low 20:
     /// `fence << 20 | handoffs`. Both only grow, and a lease is handed off locally fewer than
-    /// 2^20 times, so the tokens increase; they stay below 2^64 for 2^44 (17.6 trillion)
-    /// acquisitions of one key. A guard of part of the permits has a lease, and so a fence,
-    /// of its own (hand-offs 0): holders that share a key at once have distinct tokens, in
-    /// the order the table granted them.
+    /// 2^20 times, so the tokens of whole-key guards increase; they stay below 2^64 for 2^44
+    /// (17.6 trillion) acquisitions of one key. Guards of parts of the permits use part
+    /// leases, each with a fence of its own, handed off in the same way: holders that share a
+    /// key at once have distinct tokens, all above every whole-key token before them, but
+    /// not in the order they were granted (a part taken earlier may serve a later reader).
     ///
     /// A lease can run out while its holder is paused. Have the resource you protect refuse a
     /// write whose token is lower than the highest it has seen (for a table:
@@ -125,7 +129,7 @@ pub(crate) async fn until_lost(mut validity: watch::Receiver<Validity>) {
 impl<K: LockKey + fmt::Display> Drop for ClusterGuard<K> {
     fn drop(&mut self) {
         // Before the local lock goes: the next local holder must find the lease free. A part
-        // lease goes back as its field drops.
+        // lease is put back as its field drops.
         if self.part.is_none() {
             self.interest.put_back(self.fence);
         }

@@ -112,13 +112,15 @@ pub(crate) trait LeaseStore: Send + Sync + 'static {
         permits: NonZeroU32,
     ) -> impl Future<Output = Result<Option<Fence>, LeaseError>> + Send;
 
-    /// Extends our live part lease `fence` by the store's lease length from now; `false` when
-    /// it has run out or is gone.
+    /// Extends our live part lease `fence` by the store's lease length from now, and says
+    /// whether a request waits for the key (a refusal's waiting mark lives: a process keeping
+    /// the part for its own callers must give it back); [`Renewal::Lost`] when it has run out
+    /// or is gone.
     fn renew_part(
         &self,
         key: &str,
         fence: Fence,
-    ) -> impl Future<Output = Result<bool, LeaseError>> + Send;
+    ) -> impl Future<Output = Result<Renewal, LeaseError>> + Send;
 
     /// Ends our part lease `fence`, announcing the release if the key is wanted; `false` if it
     /// is gone (it ran out and a later acquisition cleared it away).
@@ -152,7 +154,7 @@ pub(crate) trait LeaseStore: Send + Sync + 'static {
     fn release_all(&self) -> impl Future<Output = Result<u64, LeaseError>> + Send;
 }
 
-/// What a [`renew`](LeaseStore::renew) of a whole lease found.
+/// What a [`renew`](LeaseStore::renew) or [`renew_part`](LeaseStore::renew_part) found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Renewal {
     /// The lease was ours and live, and now runs a lease from the renewal. `wanted`: an

@@ -22,8 +22,15 @@
 //! asking: another process held the key just before, so it is contended.
 //!
 //! A request for part of a key's permits (a shared lock, a few permits) takes a *part lease*
-//! of its own instead, held by its guard alone and given back when the guard drops: no
-//! hand-off, since other local holders of the key's permits hold their own parts beside it.
+//! of that many permits instead. Local holders of parts of a key hold their part leases side
+//! by side, one each, and each part lease is handed off as a whole lease is: when its guard
+//! drops, the process keeps it for the next local request of the same size, in rounds with
+//! the same bounds and the same question at each round's end (a renewal of the part, whose
+//! reply says whether a request waits for the key). Readers of one process that lock a key
+//! again and again thus send a statement per round of each part, not two per lock. A part
+//! known to be wanted goes back as soon as no guard uses it, and so does every idle part
+//! once nobody in the process wants the key: an idle part holds permits that another process
+//! may be waiting for, and nothing in this process may come to use it.
 //!
 //! Every statement runs in a task of its own ([`Leases::acquire`], [`Leases::spawn_release`]),
 //! so that a `lock` future dropped mid-statement never leaves its outcome unrecorded: a lease
@@ -39,8 +46,9 @@
 //!    keys ever used.
 //! 2. `interest` counts the local callers between the start of a `lock` and the drop of its
 //!    guard (or of the `lock` future). When it drops to zero, a lease still held is released.
-//! 3. A held lease is in use by at most one guard, because the local registry grants the key
-//!    to one holder at a time, and only that holder takes the lease.
+//! 3. A held lease is in use by at most one guard: the local registry grants the whole key to
+//!    one holder at a time, and only that holder takes the whole lease; a holder of part of
+//!    the key takes a kept part only while no guard uses it (`in_use`).
 //! 4. `uses <= MAX_USES_OF_A_FENCE` for a lease, counting the guard in use: a fencing
 //!    token's low bits never overflow into the fence, however many rounds it is kept.
 //! 5. Once [`Leases::release_everything`] has begun (shutdown), no lease is recorded as held:
@@ -53,12 +61,14 @@
 //!    after its caller gave up and a newer lease of the key was granted and released.
 //! 7. A guard learns that its lease is lost before any statement that gives the lease back
 //!    is sent: a release's reply can come late, and the key may be another process's by then.
-//! 8. A part lease, and each whole lease of a `lock_all`, belongs to one [`OwnedLease`], which
-//!    gives it back when dropped, wherever
-//!    it is dropped: in the guard, or as the output of an acquisition task whose caller went
-//!    away. The process holds no whole lease of a key while it asks for a part of it: the
-//!    store would refuse the part (a whole lease excludes parts, ours too), so an idle whole
-//!    lease is given back first ([`Leases::give_back_whole`]).
+//! 8. Each whole lease of a `lock_all` belongs to one [`OwnedLease`], which gives it back when
+//!    dropped, wherever it is dropped: in the guard, or as the output of an acquisition task
+//!    whose caller went away. A kept part in use belongs to one [`PartUse`], which puts it
+//!    back when dropped, wherever it is dropped, as above; a part put back while nobody in
+//!    the process wants the key goes back to the store. The process holds no whole lease of a
+//!    key while it asks for a part of it, and no part while it asks for the whole: the store
+//!    would refuse (a whole lease excludes parts, ours too), so idle ones are given back first
+//!    ([`Leases::give_back_whole`], [`Leases::give_back_parts`]).
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -122,6 +132,10 @@ pub(crate) struct Leases<S> {
     /// of other processes' waiters, and keeps its leases round after round.
     #[cfg(test)]
     ignore_wanted: AtomicBool,
+    /// Another planted bug: the process ignores it for its part leases only, and keeps them
+    /// for its readers round after round while a writer of another process waits.
+    #[cfg(test)]
+    ignore_part_wanted: AtomicBool,
     journal: Option<LeaseJournal>,
     /// Spreads the waiters' polling (see [`Leases::poll_interval`]).
     jitter: Mutex<Jitter>,
@@ -156,8 +170,10 @@ struct KeyLease {
     highest_fence: Fence,
     /// The whole lease the process holds, if any.
     held: Option<Held>,
-    /// The leases the process holds for one guard each (invariant 8): part leases, and the
-    /// whole leases of a `lock_all`.
+    /// The part leases the process holds, each in use by one guard or kept for the next local
+    /// request of its size.
+    parts: Vec<Held>,
+    /// The whole leases of a `lock_all`, each held by one guard (invariant 8).
     owned: Vec<Owned>,
     /// Woken when the key's lease is announced released, or notices were missed.
     released: Arc<Notify>,
@@ -173,6 +189,7 @@ impl KeyLease {
             && self.in_flight == 0
             && self.releasing == 0
             && self.held.is_none()
+            && self.parts.is_empty()
             && self.owned.is_empty()
     }
 
@@ -183,6 +200,7 @@ impl KeyLease {
             releasing: 0,
             highest_fence: 0,
             held: None,
+            parts: Vec::new(),
             owned: Vec::new(),
             released: Arc::new(Notify::new()),
             refused: false,
@@ -197,8 +215,12 @@ struct Owned {
     validity: watch::Sender<Validity>,
 }
 
+/// A lease the process holds and hands off among its local holders: the key's whole lease, or
+/// a part lease of some of its permits.
 struct Held {
     fence: Fence,
+    /// The permits of a part lease; `None` for the whole lease.
+    permits: Option<NonZeroU32>,
     /// Guards issued under this fence so far.
     uses: u32,
     /// Whether a guard holds it now (invariant 3).
@@ -251,10 +273,35 @@ impl Validity {
     }
 }
 
-/// What the local holder of a key must do to hold its lease.
-pub(crate) enum Next {
-    /// Use the lease the process holds: here is the fencing token and the lost signal.
+impl Held {
+    fn kind(&self) -> Kind {
+        if self.permits.is_some() {
+            Kind::Part
+        } else {
+            Kind::Whole
+        }
+    }
+
+    /// Whether it goes back rather than wait idle for another local holder: known wanted by
+    /// another process, lost, or at its fence's last use.
+    fn must_go_back(&self) -> bool {
+        self.wanted || self.uses >= MAX_USES_OF_A_FENCE || self.validity.borrow().is_lost()
+    }
+}
+
+/// What the round of a held lease allows its next local holder.
+enum Step {
     Use(Lease),
+    /// At the bound; the store is being asked whether another process wants the key.
+    AwaitCheck(Arc<Notify>),
+    /// The lease goes back: lost, at its fence's last use, or at the bound and wanted.
+    GiveBack,
+}
+
+/// What the local holder of a key must do to hold its lease.
+pub(crate) enum Next<L = Lease> {
+    /// Use the lease the process holds: here is the fencing token and the lost signal.
+    Use(L),
     /// Acquire a lease. `after_release` is set when the process has just given one back at its
     /// cohort bound: the release's task, which returns how long its statement took. Waiting a
     /// little before taking the lease again lets other processes have it.
@@ -292,6 +339,8 @@ impl<S: LeaseStore> Leases<S> {
             closed: AtomicBool::new(false),
             #[cfg(test)]
             ignore_wanted: AtomicBool::new(false),
+            #[cfg(test)]
+            ignore_part_wanted: AtomicBool::new(false),
             journal,
             jitter: Mutex::new(jitter),
             background: Mutex::new(Vec::new()),
@@ -305,12 +354,29 @@ impl<S: LeaseStore> Leases<S> {
         self.ignore_wanted.store(true, Ordering::Relaxed);
     }
 
+    /// Plants the simulator's bug: see `ignore_part_wanted`.
+    #[cfg(test)]
+    pub(crate) fn plant_ignoring_part_wanted(&self) {
+        self.ignore_part_wanted.store(true, Ordering::Relaxed);
+    }
+
     /// Whether the planted bug is on: never in a build that is not a test.
     fn ignores_wanted(&self) -> bool {
         #[cfg(test)]
         return self.ignore_wanted.load(Ordering::Relaxed);
         #[cfg(not(test))]
         false
+    }
+
+    /// Whether a planted bug ignores `kind`'s waiters: never in a build that is not a test.
+    fn ignores_wanted_of(&self, kind: Kind) -> bool {
+        #[cfg(test)]
+        if matches!(kind, Kind::Part) && self.ignore_part_wanted.load(Ordering::Relaxed) {
+            return true;
+        }
+        #[cfg(not(test))]
+        let _ = kind;
+        self.ignores_wanted()
     }
 
     fn record(&self, name: &str, event: LeaseEvent) {
@@ -339,7 +405,8 @@ impl<S: LeaseStore> Leases<S> {
     }
 
     /// For the local holder of `name`: use the held lease if the cohort bounds allow, or say
-    /// what to do. A lease at its bound is released here, in a task of its own.
+    /// what to do. A lease at its bound is released here, in a task of its own, and so are
+    /// the process's idle part leases of the key before it asks for the whole (invariant 8).
     pub(crate) fn next_for_holder(self: &Arc<Self>, name: &str) -> Next {
         let mut keys = self.keys();
         let Some(entry) = keys.get_mut(name) else {
@@ -347,69 +414,168 @@ impl<S: LeaseStore> Leases<S> {
                 after_release: None,
             };
         };
-        let Some(held) = &mut entry.held else {
+        let mut give_back = Vec::new();
+        if let Some(held) = &mut entry.held {
+            if held.in_use {
+                // Invariant 3 says the local holder (this caller) is the only user; a lease in
+                // use here was taken over by a newer one of ours, which `record_answer` marks
+                // lost.
+                debug_assert!(false, "invariant 3: two local holders of one lease");
+                return Next::Acquire {
+                    after_release: None,
+                };
+            }
+            match self.step(name, held) {
+                Step::Use(lease) => return Next::Use(lease),
+                Step::AwaitCheck(answered) => return Next::AwaitCheck(answered),
+                Step::GiveBack => give_back.push((held.fence, Kind::Whole)),
+            }
+            entry.held = None;
+        }
+        give_back.extend(take_idle_parts(entry, None));
+        drop(keys);
+        Next::Acquire {
+            after_release: self.spawn_releases(name, give_back),
+        }
+    }
+
+    /// For a local holder of `permits` of `name`: use an idle part lease of that size that the
+    /// process keeps, if its round allows, or say what to do (never [`Next::AwaitCheck`]: a
+    /// part at its bound whose check is on its way is passed over, and the holder takes a part
+    /// of its own meanwhile). Parts that must go back are released here, in tasks of their
+    /// own, and so are the idle whole lease and idle parts of other sizes before a new part
+    /// is asked for (invariant 8): they hold permits this request may need.
+    pub(crate) fn next_for_part_holder(
+        self: &Arc<Self>,
+        name: &str,
+        permits: NonZeroU32,
+    ) -> Next<PartUse> {
+        let mut keys = self.keys();
+        let Some(entry) = keys.get_mut(name) else {
             return Next::Acquire {
                 after_release: None,
             };
         };
-        if held.in_use {
-            // Invariant 3 says the local holder (this caller) is the only user; a lease in use
-            // here was taken over by a newer one of ours, which `record_answer` marks lost.
-            debug_assert!(false, "invariant 3: two local holders of one lease");
-            return Next::Acquire {
-                after_release: None,
-            };
-        }
-        if held.uses < MAX_USES_OF_A_FENCE && !held.validity.borrow().is_lost() {
-            let round_uses = held.uses - held.round_from;
-            let round_time = held.round_started.elapsed();
-            let mut in_round =
-                round_uses < self.bounds.max_uses && round_time < self.bounds.max_hold;
-            if !in_round && !held.wanted {
-                match held.check {
-                    Check::NotWanted => {
-                        // Nobody else wants the key: another round.
-                        held.round_from = held.uses;
-                        held.round_started = Instant::now();
-                        held.check = Check::NotAsked;
-                        in_round = true;
-                    }
-                    Check::Asked => return Next::AwaitCheck(Arc::clone(&held.check_answered)),
-                    Check::NotAsked => {
-                        held.check = Check::Asked;
-                        let answered = Arc::clone(&held.check_answered);
-                        self.spawn_check(name, held.fence, held.round_from);
-                        return Next::AwaitCheck(answered);
-                    }
+        let mut give_back = Vec::new();
+        let mut at = 0;
+        while let Some(part) = entry.parts.get_mut(at) {
+            if part.in_use || part.permits != Some(permits) {
+                at += 1;
+                continue;
+            }
+            match self.step(name, part) {
+                Step::Use(lease) => {
+                    drop(keys);
+                    return Next::Use(PartUse {
+                        users: Arc::clone(self) as Arc<dyn LocalUsers>,
+                        name: name.to_owned(),
+                        lease,
+                    });
+                }
+                Step::AwaitCheck(_) => at += 1,
+                Step::GiveBack => {
+                    let part = entry.parts.swap_remove(at);
+                    give_back.push((part.fence, Kind::Part));
                 }
             }
-            if in_round {
-                // Ask ahead, so that the answer is usually back by the bound: halfway through
-                // the first round, at the start of every round after it (the key is kept).
-                // Never at a lease's first guard: a key locked once needs no renewal.
-                let ask_now = held.round_from > 0
-                    || round_uses >= (self.bounds.max_uses / 2).max(1)
-                    || round_time >= self.bounds.max_hold / 2;
-                if ask_now && !held.wanted && held.check == Check::NotAsked {
-                    held.check = Check::Asked;
-                    self.spawn_check(name, held.fence, held.round_from);
-                }
-                held.in_use = true;
-                let lease = Lease {
-                    fence: held.fence,
-                    fencing_token: fencing_token(held.fence, held.uses),
-                    validity: held.validity.subscribe(),
-                };
-                held.uses += 1;
-                return Next::Use(lease);
-            }
         }
-        let fence = held.fence;
-        entry.held = None;
+        if let Some(held) = entry.held.take_if(|held| !held.in_use) {
+            held.validity.send_modify(|validity| validity.lost = true);
+            give_back.push((held.fence, Kind::Whole));
+        }
+        give_back.extend(take_idle_parts(entry, Some(permits)));
         drop(keys);
         Next::Acquire {
-            after_release: Some(self.spawn_release(name.to_owned(), fence)),
+            after_release: self.spawn_releases(name, give_back),
         }
+    }
+
+    /// What the round of `held` (a lease of `name` that no guard uses) allows its next local
+    /// holder. Asks the store whether the key is wanted, in a task of its own, ahead of the
+    /// bound or at it.
+    fn step(self: &Arc<Self>, name: &str, held: &mut Held) -> Step {
+        if held.uses >= MAX_USES_OF_A_FENCE || held.validity.borrow().is_lost() {
+            return Step::GiveBack;
+        }
+        let round_uses = held.uses - held.round_from;
+        let round_time = held.round_started.elapsed();
+        let mut in_round = round_uses < self.bounds.max_uses && round_time < self.bounds.max_hold;
+        if !in_round && !held.wanted {
+            match held.check {
+                Check::NotWanted => {
+                    // Nobody else wants the key: another round.
+                    held.round_from = held.uses;
+                    held.round_started = Instant::now();
+                    held.check = Check::NotAsked;
+                    in_round = true;
+                }
+                Check::Asked => return Step::AwaitCheck(Arc::clone(&held.check_answered)),
+                Check::NotAsked => {
+                    held.check = Check::Asked;
+                    self.spawn_check(name, held);
+                    return Step::AwaitCheck(Arc::clone(&held.check_answered));
+                }
+            }
+        }
+        if !in_round {
+            return Step::GiveBack;
+        }
+        // Ask ahead, so that the answer is usually back by the bound: halfway through the
+        // first round, at the start of every round after it (the key is kept). Never at a
+        // lease's first guard: a key locked once needs no renewal.
+        let ask_now = held.round_from > 0
+            || round_uses >= (self.bounds.max_uses / 2).max(1)
+            || round_time >= self.bounds.max_hold / 2;
+        if ask_now && !held.wanted && held.check == Check::NotAsked {
+            held.check = Check::Asked;
+            self.spawn_check(name, held);
+        }
+        held.in_use = true;
+        let lease = Lease {
+            fence: held.fence,
+            fencing_token: fencing_token(held.fence, held.uses),
+            validity: held.validity.subscribe(),
+        };
+        held.uses += 1;
+        Step::Use(lease)
+    }
+
+    /// Releases `leases` of `name` (whole or part), each in a task of its own: one task that
+    /// awaits them all and returns the longest round trip, or `None` if there are none.
+    fn spawn_releases(
+        self: &Arc<Self>,
+        name: &str,
+        leases: Vec<(Fence, Kind)>,
+    ) -> Option<tokio::task::JoinHandle<Duration>> {
+        if leases.is_empty() {
+            return None;
+        }
+        let releases: Vec<_> = leases
+            .into_iter()
+            .map(|(fence, kind)| self.spawn_release_of(name.to_owned(), fence, kind))
+            .collect();
+        Some(self.runtime.spawn(async move {
+            let mut longest = Duration::ZERO;
+            for release in releases {
+                longest = longest.max(release.await.unwrap_or(Duration::ZERO));
+            }
+            longest
+        }))
+    }
+
+    /// Gives back the part leases of `name` that the process keeps and no guard uses, before
+    /// a local holder of the whole key asks for its lease (invariant 8): the releases' task,
+    /// to await before asking, or `None` if there were none.
+    pub(crate) fn give_back_parts(
+        self: &Arc<Self>,
+        name: &str,
+    ) -> Option<tokio::task::JoinHandle<Duration>> {
+        let idle = {
+            let mut keys = self.keys();
+            let entry = keys.get_mut(name)?;
+            take_idle_parts(entry, None)
+        };
+        self.spawn_releases(name, idle)
     }
 
     /// One acquisition attempt for the local holder of `name`, run in a task of its own so
@@ -512,6 +678,7 @@ impl<S: LeaseStore> Leases<S> {
                 });
                 entry.held = Some(Held {
                     fence,
+                    permits: None,
                     uses: 0,
                     in_use: false,
                     round_from: 0,
@@ -732,14 +899,14 @@ impl<S: LeaseStore> Leases<S> {
     }
 
     /// One attempt at a part lease of `permits` of `name`, run in a task of its own: the
-    /// lease if taken (held by the returned [`OwnedLease`], which gives it back when dropped,
-    /// also if this caller has gone by then), `Ok(None)` if refused.
+    /// lease if taken, kept by the process and in use by the returned [`PartUse`] (which puts
+    /// it back when dropped, also if this caller has gone by then), `Ok(None)` if refused.
     pub(crate) async fn acquire_part(
         self: &Arc<Self>,
         name: &str,
         permits: NonZeroU32,
         ask: Ask,
-    ) -> Result<Option<OwnedLease>, AcquireFailed> {
+    ) -> Result<Option<PartUse>, AcquireFailed> {
         let leases = Arc::clone(self);
         let owned_name = name.to_owned();
         self.record(name, LeaseEvent::Requested);
@@ -754,7 +921,7 @@ impl<S: LeaseStore> Leases<S> {
                 Ask::Try => leases.store.try_acquire_part(&owned_name, permits).await,
             };
             let fence = taken.as_ref().ok().copied().flatten();
-            let part = leases.record_part_answer(&owned_name, fence, started);
+            let part = leases.record_part_answer(&owned_name, permits, fence, started);
             match taken {
                 Ok(Some(_)) if part.is_none() => Err(AcquireFailed(
                     "the part lease was taken, and given back: it ran out before its reply came, \
@@ -770,21 +937,25 @@ impl<S: LeaseStore> Leases<S> {
             .unwrap_or_else(|join_error| Err(AcquireFailed(join_error.to_string())))
     }
 
-    /// Records the answer to a part acquisition: the part lease if it took one, unless the
-    /// leases were released for shutdown while the statement ran (invariant 5), or it ran out
-    /// by this process's clock before its reply came (a paused process; another process may
-    /// hold the permits by now): then it is released at once.
+    /// Records the answer to a part acquisition of `permits`: the part lease if it took one,
+    /// kept by the process and in use by its first guard, unless the leases were released for
+    /// shutdown while the statement ran (invariant 5), or it ran out by this process's clock
+    /// before its reply came (a paused process; another process may hold the permits by now):
+    /// then it is released at once. A lease taken after a refusal of ours is contended from
+    /// its start: it goes back when its first guard drops.
     fn record_part_answer(
         self: &Arc<Self>,
         name: &str,
+        permits: NonZeroU32,
         taken: Option<Fence>,
         started: Instant,
-    ) -> Option<OwnedLease> {
+    ) -> Option<PartUse> {
         let mut keys = self.keys();
         let closed = self.closed.load(Ordering::Relaxed);
         let entry = keys.entry(name.to_owned()).or_insert_with(KeyLease::new);
         entry.in_flight -= 1;
         let Some(fence) = taken else {
+            entry.refused = true;
             if entry.is_unused() {
                 keys.remove(name);
             }
@@ -796,10 +967,34 @@ impl<S: LeaseStore> Leases<S> {
             self.spawn_release_of(name.to_owned(), fence, Kind::Part);
             return None;
         }
-        let lease = self.own(entry, name, fence, Kind::Part, started);
+        let refused_before = std::mem::take(&mut entry.refused);
+        let (validity, receiver) = watch::channel(Validity {
+            lost: false,
+            until: started + self.lease,
+        });
+        entry.parts.push(Held {
+            fence,
+            permits: Some(permits),
+            uses: 1,
+            in_use: true,
+            round_from: 0,
+            round_started: started,
+            wanted: refused_before && !self.ignores_wanted_of(Kind::Part),
+            check: Check::NotAsked,
+            check_answered: Arc::new(Notify::new()),
+            validity,
+        });
         drop(keys);
         self.record(name, LeaseEvent::Granted(fence));
-        Some(lease)
+        Some(PartUse {
+            users: Arc::clone(self) as Arc<dyn LocalUsers>,
+            name: name.to_owned(),
+            lease: Lease {
+                fence,
+                fencing_token: fencing_token(fence, 0),
+                validity: receiver,
+            },
+        })
     }
 
     /// Whether a release of `name`'s lease by this process is on its way: until it lands the
@@ -839,10 +1034,10 @@ impl<S: LeaseStore> Leases<S> {
             .keys()
             .iter()
             .flat_map(|(name, entry)| {
-                let whole = entry.held.as_ref().map(|held| (held.fence, Kind::Whole));
+                let handed_off = entry.held.iter().chain(&entry.parts);
+                let handed_off = handed_off.map(|held| (held.fence, held.kind()));
                 let owned = entry.owned.iter().map(|owned| (owned.fence, owned.kind));
-                whole
-                    .into_iter()
+                handed_off
                     .chain(owned)
                     .map(|(fence, kind)| (name.clone(), fence, kind))
             })
@@ -854,13 +1049,7 @@ impl<S: LeaseStore> Leases<S> {
                 let started = Instant::now();
                 let renewed = match kind {
                     Kind::Whole => leases.store.renew(&name, fence).await,
-                    Kind::Part => leases.store.renew_part(&name, fence).await.map(|renewed| {
-                        if renewed {
-                            Renewal::Renewed { wanted: false }
-                        } else {
-                            Renewal::Lost
-                        }
-                    }),
+                    Kind::Part => leases.store.renew_part(&name, fence).await,
                 };
                 (name, fence, kind, started, renewed)
             });
@@ -899,15 +1088,18 @@ impl<S: LeaseStore> Leases<S> {
     }
 
     /// Asks the store, in a task of its own, whether another process wants `name`, whose lease
-    /// `fence` is at (or near) the hand-off bound of the round that began at use
-    /// `round_from`: a renewal, whose reply says so. The answer is recorded whoever waits for
-    /// it.
-    fn spawn_check(self: &Arc<Self>, name: &str, fence: Fence, round_from: u32) {
+    /// `held` is at (or near) the hand-off bound of its round: a renewal, whose reply says so.
+    /// The answer is recorded whoever waits for it.
+    fn spawn_check(self: &Arc<Self>, name: &str, held: &Held) {
         let leases = Arc::clone(self);
         let name = name.to_owned();
+        let (fence, kind, round_from) = (held.fence, held.kind(), held.round_from);
         self.runtime.spawn(async move {
             let started = Instant::now();
-            let renewal = leases.store.renew(&name, fence).await;
+            let renewal = match kind {
+                Kind::Whole => leases.store.renew(&name, fence).await,
+                Kind::Part => leases.store.renew_part(&name, fence).await,
+            };
             leases.check_answered(&name, fence, round_from, started, renewal);
         });
     }
@@ -916,7 +1108,7 @@ impl<S: LeaseStore> Leases<S> {
     /// lease; `wanted`, or no answer, makes the lease go back at the bound; a lost lease is
     /// lost. Wakes the holder waiting for it.
     fn check_answered(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         fence: Fence,
         round_from: u32,
@@ -926,7 +1118,7 @@ impl<S: LeaseStore> Leases<S> {
         let wanted = match renewal {
             Ok(Renewal::Renewed { wanted }) => {
                 self.renewed(name, fence, started);
-                wanted && !self.ignores_wanted()
+                wanted
             }
             Ok(Renewal::Lost) => {
                 self.lose(name, fence, "the lease is no longer ours");
@@ -946,32 +1138,55 @@ impl<S: LeaseStore> Leases<S> {
         let mut keys = self.keys();
         let Some(held) = keys
             .get_mut(name)
-            .and_then(|entry| entry.held.as_mut())
-            .filter(|held| held.fence == fence)
+            .and_then(|entry| handed_off_mut(entry, fence))
         else {
             return;
         };
+        let wanted = wanted && !self.ignores_wanted_of(held.kind());
         held.wanted |= wanted;
         if held.round_from == round_from && held.check == Check::Asked && !wanted {
             held.check = Check::NotWanted;
         }
         held.check_answered.notify_one();
+        drop(keys);
+        if wanted {
+            self.give_back_idle_part(name, fence);
+        }
     }
 
     /// A renewal of the heartbeat said another process wants `name`: its lease `fence` goes
-    /// back at the bound.
-    fn learn_wanted(&self, name: &str, fence: Fence) {
-        if self.ignores_wanted() {
-            return;
-        }
+    /// back at the bound, and at once if it is a part no guard uses.
+    fn learn_wanted(self: &Arc<Self>, name: &str, fence: Fence) {
         if let Some(held) = self
             .keys()
             .get_mut(name)
-            .and_then(|entry| entry.held.as_mut())
-            .filter(|held| held.fence == fence)
+            .and_then(|entry| handed_off_mut(entry, fence))
         {
-            held.wanted = true;
+            held.wanted |= !self.ignores_wanted_of(held.kind());
         }
+        self.give_back_idle_part(name, fence);
+    }
+
+    /// Gives back the part lease `fence` of `name` if the process keeps it idle and it must go
+    /// back (see [`Held::must_go_back`]): no local holder may come for it soon, and another
+    /// process may be waiting for its permits.
+    fn give_back_idle_part(self: &Arc<Self>, name: &str, fence: Fence) {
+        let part = {
+            let mut keys = self.keys();
+            let Some(entry) = keys.get_mut(name) else {
+                return;
+            };
+            let Some(at) = entry
+                .parts
+                .iter()
+                .position(|part| part.fence == fence && !part.in_use && part.must_go_back())
+            else {
+                return;
+            };
+            entry.parts.swap_remove(at)
+        };
+        part.validity.send_modify(|validity| validity.lost = true);
+        self.spawn_release_of(name.to_owned(), fence, Kind::Part);
     }
 
     /// A renewal that started at `started` succeeded. One that comes back after the lease it
@@ -996,15 +1211,17 @@ impl<S: LeaseStore> Leases<S> {
         name: &str,
         fence: Fence,
     ) -> Option<&'a watch::Sender<Validity>> {
-        let entry = keys.get_mut(name)?;
-        match &entry.held {
-            Some(held) if held.fence == fence => Some(&held.validity),
-            _ => entry
-                .owned
-                .iter()
-                .find(|owned| owned.fence == fence)
-                .map(|owned| &owned.validity),
-        }
+        let entry = keys.get(name)?;
+        let handed_off = entry.held.iter().chain(&entry.parts);
+        handed_off
+            .map(|held| (held.fence, &held.validity))
+            .chain(
+                entry
+                    .owned
+                    .iter()
+                    .map(|owned| (owned.fence, &owned.validity)),
+            )
+            .find_map(|(of, validity)| (of == fence).then_some(validity))
     }
 
     /// The lease `fence` of `name` is lost: its guards learn it, and the next local holder
@@ -1017,6 +1234,10 @@ impl<S: LeaseStore> Leases<S> {
         let token = if let Some(held) = entry.held.take_if(|held| held.fence == fence) {
             held.validity.send_modify(|validity| validity.lost = true);
             fencing_token(fence, held.uses.saturating_sub(1))
+        } else if let Some(at) = entry.parts.iter().position(|part| part.fence == fence) {
+            let part = entry.parts.swap_remove(at);
+            part.validity.send_modify(|validity| validity.lost = true);
+            fencing_token(fence, part.uses.saturating_sub(1))
         } else {
             let Some(at) = entry.owned.iter().position(|owned| owned.fence == fence) else {
                 return;
@@ -1067,6 +1288,10 @@ impl<S: LeaseStore> Leases<S> {
                     whole.validity.send_modify(|validity| validity.lost = true);
                     held.push((name.clone(), whole.fence));
                 }
+                for part in entry.parts.drain(..) {
+                    part.validity.send_modify(|validity| validity.lost = true);
+                    held.push((name.clone(), part.fence));
+                }
                 for owned in entry.owned.drain(..) {
                     owned.validity.send_modify(|validity| validity.lost = true);
                     held.push((name.clone(), owned.fence));
@@ -1092,7 +1317,7 @@ impl<S: LeaseStore> Leases<S> {
         let keys = self.keys();
         let held = keys
             .values()
-            .map(|entry| usize::from(entry.held.is_some()) + entry.owned.len())
+            .map(|entry| usize::from(entry.held.is_some()) + entry.parts.len() + entry.owned.len())
             .sum();
         (keys.len(), held)
     }
@@ -1104,6 +1329,11 @@ pub(crate) trait LocalUsers: Send + Sync {
     /// The guard holding `fence` on `name` let it go; the lease stays for the next local
     /// holder, or goes back when the guard's interest is withdrawn (invariant 2).
     fn put_back(&self, name: &str, fence: Fence);
+
+    /// The [`PartUse`] of the part lease `fence` on `name` was dropped: the part stays for the
+    /// next local request of its size, or goes back if it must, or if nobody in the process
+    /// wants the key any more (invariant 8).
+    fn put_back_part(self: Arc<Self>, name: &str, fence: Fence);
 
     /// A local caller of `name` is done (its guard or its `lock` future dropped).
     fn withdraw(self: Arc<Self>, name: &str);
@@ -1125,6 +1355,25 @@ impl<S: LeaseStore> LocalUsers for Leases<S> {
         }
     }
 
+    fn put_back_part(self: Arc<Self>, name: &str, fence: Fence) {
+        let mut keys = self.keys();
+        let Some(entry) = keys.get_mut(name) else {
+            return;
+        };
+        let nobody_wants = entry.interest == 0;
+        let Some(at) = entry.parts.iter().position(|part| part.fence == fence) else {
+            return;
+        };
+        entry.parts[at].in_use = false;
+        if !(nobody_wants || entry.parts[at].must_go_back()) {
+            return;
+        }
+        let part = entry.parts.swap_remove(at);
+        drop(keys);
+        part.validity.send_modify(|validity| validity.lost = true);
+        self.spawn_release_of(name.to_owned(), fence, Kind::Part);
+    }
+
     fn withdraw(self: Arc<Self>, name: &str) {
         let mut keys = self.keys();
         let Some(entry) = keys.get_mut(name) else {
@@ -1135,13 +1384,19 @@ impl<S: LeaseStore> LocalUsers for Leases<S> {
         if entry.interest > 0 {
             return;
         }
-        let held = entry.held.take();
+        let mut give_back: Vec<(Fence, Kind)> = entry
+            .held
+            .take()
+            .map(|held| (held.fence, Kind::Whole))
+            .into_iter()
+            .collect();
+        give_back.extend(take_idle_parts(entry, None));
         if entry.is_unused() {
             keys.remove(name);
         }
         drop(keys);
-        if let Some(held) = held {
-            self.spawn_release(name.to_owned(), held.fence);
+        for (fence, kind) in give_back {
+            self.spawn_release_of(name.to_owned(), fence, kind);
         }
     }
 
@@ -1163,6 +1418,30 @@ impl<S: LeaseStore> LocalUsers for Leases<S> {
     }
 }
 
+/// The lease `fence` of `entry`'s key that the process hands off: the whole lease or a part.
+fn handed_off_mut(entry: &mut KeyLease, fence: Fence) -> Option<&mut Held> {
+    entry
+        .held
+        .iter_mut()
+        .chain(&mut entry.parts)
+        .find(|held| held.fence == fence)
+}
+
+/// Takes out of `entry` the part leases no guard uses, but for those of `keep` permits, each
+/// marked lost: to be released.
+fn take_idle_parts(entry: &mut KeyLease, keep: Option<NonZeroU32>) -> Vec<(Fence, Kind)> {
+    let mut idle = Vec::new();
+    entry.parts.retain(|part| {
+        let goes = !part.in_use && (keep.is_none() || part.permits != keep);
+        if goes {
+            part.validity.send_modify(|validity| validity.lost = true);
+            idle.push((part.fence, Kind::Part));
+        }
+        !goes
+    });
+    idle
+}
+
 /// Marks lost every `lock_all` lease of `entry`'s key below `fence`: a statement of ours took
 /// the row over under `fence` (ours counts as free), so those leases are gone.
 fn lose_whole_leases_below(entry: &KeyLease, fence: Fence) {
@@ -1173,8 +1452,8 @@ fn lose_whole_leases_below(entry: &KeyLease, fence: Fence) {
     }
 }
 
-/// A lease held for one local guard, a part lease or one key's whole lease of a `lock_all`;
-/// dropping it gives the lease back (invariant 8).
+/// A key's whole lease held for one `lock_all` guard; dropping it gives the lease back
+/// (invariant 8).
 pub(crate) struct OwnedLease {
     users: Arc<dyn LocalUsers>,
     name: String,
@@ -1193,6 +1472,20 @@ impl OwnedLease {
 impl Drop for OwnedLease {
     fn drop(&mut self) {
         Arc::clone(&self.users).give_back_owned(&self.name, self.fence, self.kind);
+    }
+}
+
+/// A part lease the process keeps, in use by one local guard; dropping it puts the part back
+/// (invariant 8).
+pub(crate) struct PartUse {
+    users: Arc<dyn LocalUsers>,
+    name: String,
+    pub(crate) lease: Lease,
+}
+
+impl Drop for PartUse {
+    fn drop(&mut self) {
+        Arc::clone(&self.users).put_back_part(&self.name, self.lease.fence);
     }
 }
 

@@ -14,9 +14,7 @@ use tokio::sync::Notify;
 
 use crate::cluster::locking::guard::ClusterGuard;
 use crate::cluster::locking::lease_store::LeaseStore;
-use crate::cluster::locking::leases::{
-    AcquireFailed, Ask, Interest, Lease, Leases, Next, OwnedLease,
-};
+use crate::cluster::locking::leases::{AcquireFailed, Ask, Interest, Lease, Leases, Next, PartUse};
 use crate::cluster::locking::multi_guard::ClusterMultiGuard;
 use crate::error::{LockError, PermitsError, TryLockError, TryPermitsError};
 use crate::key::LockKey;
@@ -151,10 +149,19 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
         };
         let interest = self.leases.register(&key.to_string());
         let local = self.local.try_acquire(key, permits).await?;
-        // The process's idle whole lease goes back first (the store refuses parts beside
-        // it); until its release lands the key is held, and a try does not wait for that.
-        if self.leases.give_back_whole(interest.name()).is_some() {
-            return Err(TryPermitsError::WouldBlock);
+        match self.leases.next_for_part_holder(interest.name(), part) {
+            // A part of this size the process keeps: no statement.
+            Next::Use(part) => return Ok(ClusterGuard::with_part(local, part, interest)),
+            // The process's idle whole lease, or parts of it that must go back, are on their
+            // way back (the store refuses parts beside a whole lease); until their releases
+            // land the key is held, and a try does not wait for that.
+            Next::Acquire {
+                after_release: Some(_),
+            } => return Err(TryPermitsError::WouldBlock),
+            Next::Acquire {
+                after_release: None,
+            }
+            | Next::AwaitCheck(_) => {}
         }
         match self
             .leases
@@ -214,17 +221,32 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
         .await
     }
 
-    /// Holds a part lease of `permits` for the local holder of `interest`'s key.
+    /// Holds a part lease of `permits` for a local holder of `interest`'s key: one the
+    /// process keeps, or a new one.
     async fn part_lease_for(
         &self,
         interest: &Interest,
         permits: NonZeroU32,
-    ) -> Result<OwnedLease, LockError> {
+    ) -> Result<PartUse, LockError> {
         let leases = &self.leases;
         self.wait_for_lease(&[interest], || async move {
-            if let Some(release) = leases.give_back_whole(interest.name()) {
-                // Its release's notice wakes nobody here: the process was not refused.
-                let _round_trip = release.await;
+            match leases.next_for_part_holder(interest.name(), permits) {
+                Next::Use(part) => return Ok(Some(part)),
+                Next::Acquire {
+                    after_release: None,
+                }
+                | Next::AwaitCheck(_) => {}
+                Next::Acquire {
+                    after_release: Some(release),
+                } => {
+                    // Leases of the key went back first: the idle whole lease or parts of
+                    // other sizes (the store would count them against this request), or parts
+                    // at their bound that another process wants. Their releases' notices wake
+                    // nobody here; waiting twice their round trip lets a process that heard
+                    // them get its request in first, as for the whole lease.
+                    let round_trip = release.await.unwrap_or(Duration::ZERO);
+                    tokio::time::sleep((2 * round_trip).max(Duration::from_millis(1))).await;
+                }
             }
             leases
                 .acquire_part(interest.name(), permits, Ask::Acquire)
@@ -324,7 +346,8 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
                 // its own, each held by the guard (invariant 8 of `leases`).
                 let releases: Vec<_> = names
                     .iter()
-                    .filter_map(|name| leases.give_back_whole(name))
+                    .flat_map(|name| [leases.give_back_whole(name), leases.give_back_parts(name)])
+                    .flatten()
                     .collect();
                 for release in releases {
                     let _round_trip = release.await;
@@ -354,7 +377,13 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
         // its release lands; a try does not wait for that.
         let idle: Vec<_> = names
             .iter()
-            .filter_map(|name| self.leases.give_back_whole(name))
+            .flat_map(|name| {
+                [
+                    self.leases.give_back_whole(name),
+                    self.leases.give_back_parts(name),
+                ]
+            })
+            .flatten()
             .collect();
         if !idle.is_empty() || names.iter().any(|name| self.leases.is_being_released(name)) {
             return Err(TryLockError::WouldBlock);

@@ -447,10 +447,10 @@ impl LeaseStore for PgLeaseStore {
         self.take_all(keys, true).await
     }
 
-    async fn renew_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+    async fn renew_part(&self, key: &str, fence: Fence) -> Result<Renewal, LeaseError> {
         check_key(key)?;
         let Ok(fence) = i64::try_from(fence) else {
-            return Ok(false);
+            return Ok(Renewal::Lost);
         };
         let core = &self.core;
         let values = core.values();
@@ -461,7 +461,11 @@ impl LeaseStore for PgLeaseStore {
                 &values.renew_part(&key, &fence),
             )
             .await?;
-        Ok(!rows.is_empty())
+        let Some(row) = rows.first() else {
+            return Ok(Renewal::Lost);
+        };
+        let wanted: bool = row.try_get("wanted").map_err(LeaseError::Statement)?;
+        Ok(Renewal::Renewed { wanted })
     }
 
     async fn release_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
@@ -989,8 +993,9 @@ impl Statements {
                    WHERE held.key = $1 \
                      AND EXISTS (SELECT FROM {parts} WHERE part.owner = $2 AND part.fence = $4 \
                                  AND part.until > clock_timestamp()) \
-                   RETURNING key) \
-                 SELECT key, {async_commit} FROM renewed"
+                   RETURNING key, coalesce(held.waiting_until > clock_timestamp(), false) \
+                             AS wanted) \
+                 SELECT key, wanted, {async_commit} FROM renewed"
             ),
             release_part: format!(
                 "WITH released AS ( \

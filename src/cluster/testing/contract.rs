@@ -89,6 +89,7 @@ macro_rules! contract_tests {
             a_part_lease_runs_out_and_its_permits_come_back,
             only_its_owner_renews_or_releases_a_part_and_only_while_it_is_there,
             a_part_release_is_announced_when_a_request_waits,
+            a_part_renewal_says_whether_a_request_waits_for_the_key,
             a_request_held_back_by_a_larger_one_hears_of_the_key_after_it,
             a_try_of_a_part_leaves_the_key_to_a_waiter_and_changes_nothing,
             release_all_releases_our_parts_too,
@@ -514,7 +515,7 @@ pub(crate) async fn a_part_lease_runs_out_and_its_permits_come_back<B: Backend>(
     assert_eq!(part(&other, "k", 1).await, 2);
     assert_eq!(third.acquire_part("k", permits(1)).await.ok(), Some(None));
     sleep(PAST_SHORT_LEASE).await;
-    assert_eq!(short.renew_part("k", 1).await.ok(), Some(false));
+    assert_eq!(short.renew_part("k", 1).await.ok(), Some(Renewal::Lost));
     // The refused request above was as large: it does not hold this one back.
     assert_eq!(part(&third, "k", 1).await, 3);
     // Taking it cleared the part that ran out away: not there to release.
@@ -530,12 +531,15 @@ pub(crate) async fn only_its_owner_renews_or_releases_a_part_and_only_while_it_i
 >() {
     let (backend, [(a, _), (b, _), _]) = three_sharing::<B>("part_owner", 2, [LONG_LEASE; 3]).await;
     assert_eq!(part(&a, "k", 1).await, 1);
-    assert_eq!(a.renew_part("k", 1).await.ok(), Some(true));
-    assert_eq!(b.renew_part("k", 1).await.ok(), Some(false));
+    assert_eq!(
+        a.renew_part("k", 1).await.ok(),
+        Some(Renewal::Renewed { wanted: false })
+    );
+    assert_eq!(b.renew_part("k", 1).await.ok(), Some(Renewal::Lost));
     assert_eq!(b.release_part("k", 1).await.ok(), Some(false));
     assert_eq!(
         a.renew_part("k", 2).await.ok(),
-        Some(false),
+        Some(Renewal::Lost),
         "no such fence"
     );
     assert_eq!(backend.parts("k").await, vec![(B::owner(&a), 1, 1)]);
@@ -545,8 +549,29 @@ pub(crate) async fn only_its_owner_renews_or_releases_a_part_and_only_while_it_i
         Some(false),
         "released already"
     );
-    assert_eq!(a.renew_part("k", 1).await.ok(), Some(false));
+    assert_eq!(a.renew_part("k", 1).await.ok(), Some(Renewal::Lost));
     assert_eq!(backend.parts("k").await, vec![]);
+}
+
+/// A process keeping a part lease for its own readers learns from its renewal that a request
+/// was refused the key (here a writer's, held back by the part), so that it gives the part back.
+pub(crate) async fn a_part_renewal_says_whether_a_request_waits_for_the_key<B: Backend>() {
+    let (_backend, [(a, _), (writer, _), _]) =
+        three_sharing::<B>("part_wanted", 2, [LONG_LEASE; 3]).await;
+    assert_eq!(part(&a, "k", 1).await, 1);
+    assert_eq!(
+        a.renew_part("k", 1).await.ok(),
+        Some(Renewal::Renewed { wanted: false }),
+        "nobody was refused the key"
+    );
+    assert_eq!(writer.acquire("k").await.ok(), Some(None));
+    assert_eq!(
+        a.renew_part("k", 1).await.ok(),
+        Some(Renewal::Renewed { wanted: true }),
+        "the writer's refusal is waiting"
+    );
+    assert_eq!(a.release_part("k", 1).await.ok(), Some(true));
+    assert_eq!(acquired(&writer, "k").await, 2);
 }
 
 pub(crate) async fn a_part_release_is_announced_when_a_request_waits<B: Backend>() {

@@ -93,7 +93,7 @@ impl LeaseStore for HeldStore {
         Self::held(hold, self.inner.try_acquire_all(keys)).await
     }
 
-    async fn renew_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+    async fn renew_part(&self, key: &str, fence: Fence) -> Result<Renewal, LeaseError> {
         self.inner.renew_part(key, fence).await
     }
 

@@ -551,21 +551,24 @@ impl LeaseStore for MemoryLeaseStore {
         }
     }
 
-    async fn renew_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+    async fn renew_part(&self, key: &str, fence: Fence) -> Result<Renewal, LeaseError> {
         check_key(key)?;
         let now = Instant::now();
         let mut table = self.table();
-        let part = table.rows.get_mut(key).and_then(|row| {
-            row.parts.iter_mut().find(|part| {
-                part.fence == fence && part.owner == self.owner && part.expires_at > now
-            })
-        });
+        let Some(row) = table.rows.get_mut(key) else {
+            return Ok(Renewal::Lost);
+        };
+        let wanted = row.waiting_at(now).is_some();
+        let part = row
+            .parts
+            .iter_mut()
+            .find(|part| part.fence == fence && part.owner == self.owner && part.expires_at > now);
         match part {
             Some(part) => {
                 part.expires_at = now + self.lease;
-                Ok(true)
+                Ok(Renewal::Renewed { wanted })
             }
-            None => Ok(false),
+            None => Ok(Renewal::Lost),
         }
     }
 

@@ -936,7 +936,7 @@ async fn part_leases_after_a_crash_wait_the_quiet_time_and_are_fenced_above_the_
     assert!(new_key >= after + rise, "{new_key} after {after}");
     // The part taken before the second crash ran out in its quiet time, and nothing took "k"
     // since: it is there to release, not to renew.
-    assert_eq!(store.renew_part("k", after).await.ok(), Some(false));
+    assert_eq!(store.renew_part("k", after).await.ok(), Some(Renewal::Lost));
     assert_eq!(store.release_part("k", after).await.ok(), Some(true));
 }
 

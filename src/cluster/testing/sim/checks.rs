@@ -19,7 +19,10 @@
 //!   (and one statement's way, [`TRY_BOUND`]) after the refusal. A lease nobody else wants is
 //!   not bounded: the process keeps it for its own callers. (Two rounds of the bound: the
 //!   renewal that asks whether the key is wanted is sent at the start of each round, and may
-//!   have run just before the refusal.)
+//!   have run just before the refusal.) The same bound holds for each part lease a process
+//!   keeps for its readers, from the moment a request of another process is refused and
+//!   while its waiting mark lives (a mark that lapsed is a waiter that went away; one that a
+//!   grant as large cleared is renewed by the waiter's next refusal).
 //! - **Every call ends**: a `lock` call without a caller's timeout ends (granted or `Closed`)
 //!   within [`CALL_BOUND`].
 //! - **A try does not wait**: a `try_lock` ends within [`TRY_BOUND`] of its process's running
@@ -96,11 +99,11 @@ struct State {
     granted_whole: BTreeMap<String, u64>,
     /// Every token granted per key, none twice.
     tokens: BTreeMap<String, std::collections::BTreeSet<u64>>,
-    /// The highest hand-off count (a token's low bits) granted under each whole lease.
+    /// The highest hand-off count (a token's low bits) granted under each lease.
     highest_use: BTreeMap<(String, Fence), u64>,
-    /// Each whole lease that another process was refused: the hand-off count it had reached
-    /// and when.
-    wanted_since: BTreeMap<(String, Fence), (u64, Instant)>,
+    /// Each lease that another process was refused: the hand-off count it had reached, when,
+    /// and for a part lease until when the refusal's waiting mark lives.
+    wanted_since: BTreeMap<(String, Fence), Wanted>,
     holders: BTreeMap<String, Vec<Holder>>,
     /// The resource's record: the highest token it accepted per key.
     resource: BTreeMap<String, u64>,
@@ -112,6 +115,17 @@ struct State {
     /// The clock's jumps so far: from when to when the clock leapt.
     jumps: Vec<(Instant, Instant)>,
     stats: Stats,
+}
+
+/// A lease another process was refused while it lived.
+#[derive(Debug, Clone, Copy)]
+struct Wanted {
+    /// The hand-off count it had reached then.
+    from_use: u64,
+    since: Instant,
+    /// For a part lease, when the waiting mark lapses (unless a later refusal renews it);
+    /// `None` for a whole lease, whose `wanted` mark lasts while it is held.
+    until: Option<Instant>,
 }
 
 /// What happened in a run, for its report.
@@ -182,19 +196,43 @@ impl Checker {
         self.state().stats.faults += faults;
     }
 
-    /// Another process's request for `key` was refused while the whole lease `fence` lived:
-    /// the store marked the key wanted. The first report per lease starts its bound.
-    pub(super) fn wanted_while_held(&self, key: &str, fence: Fence) {
+    /// Another process's request for `key` was refused while the lease `fence` lived: the
+    /// store marked the key wanted, or for a part lease waited for until `mark_until`. The
+    /// first report per lease starts its bound; for a part, so does the first after a mark
+    /// lapsed.
+    pub(super) fn wanted_while_held(&self, key: &str, fence: Fence, mark_until: Option<Instant>) {
+        let now = Instant::now();
         let mut state = self.state();
         let lease = (key.to_owned(), fence);
         let from_use = state
             .highest_use
             .get(&lease)
             .map_or(0, |highest| highest + 1);
-        state
-            .wanted_since
-            .entry(lease)
-            .or_insert((from_use, Instant::now()));
+        let fresh = Wanted {
+            from_use,
+            since: now,
+            until: mark_until,
+        };
+        let wanted = state.wanted_since.entry(lease).or_insert(fresh);
+        match (wanted.until, mark_until) {
+            (Some(lapsed), Some(_)) if lapsed <= now => *wanted = fresh,
+            (Some(until), Some(renewed)) => wanted.until = Some(until.max(renewed)),
+            _ => {}
+        }
+    }
+
+    /// No waiting mark of `key` lives now (it lapsed, or a grant as large cleared it): the
+    /// bounds of its part leases end here, until a refusal marks the key again.
+    pub(super) fn mark_gone(&self, key: &str) {
+        let now = Instant::now();
+        let mut state = self.state();
+        for ((of, _fence), wanted) in state.wanted_since.iter_mut() {
+            if of == key
+                && let Some(until) = &mut wanted.until
+            {
+                *until = (*until).min(now);
+            }
+        }
     }
 
     /// A `lock` call starts; returns its number for [`call_ended`](Self::call_ended).
@@ -336,26 +374,32 @@ impl Checker {
                     .granted_whole
                     .insert(key.to_owned(), before_whole.max(token));
             }
-            if whole {
-                let lease = (key.to_owned(), fence);
-                if let Some(&(from_use, since)) = state.wanted_since.get(&lease) {
-                    let bound = from_use + 2 * u64::from(self.max_uses);
-                    if uses >= bound {
-                        failures.push(format!(
-                            "{who} was granted {key:?} as guard {} of lease {fence}, wanted by another process since guard {from_use}: past the bound of {bound}",
-                            uses + 1,
-                        ));
-                    }
-                    if now - since >= 2 * MAX_HOLD + TRY_BOUND {
-                        failures.push(format!(
-                            "{who} was granted {key:?} under lease {fence} {:?} after another process was refused it: past twice the hold bound of {MAX_HOLD:?}",
-                            now - since
-                        ));
-                    }
+            let lease = (key.to_owned(), fence);
+            let still_wanted = state
+                .wanted_since
+                .get(&lease)
+                .filter(|wanted| wanted.until.is_none_or(|until| now < until))
+                .copied();
+            if let Some(Wanted {
+                from_use, since, ..
+            }) = still_wanted
+            {
+                let bound = from_use + 2 * u64::from(self.max_uses);
+                if uses >= bound {
+                    failures.push(format!(
+                        "{who} was granted {key:?} as guard {} of lease {fence}, wanted by another process since guard {from_use}: past the bound of {bound}",
+                        uses + 1,
+                    ));
                 }
-                let highest = state.highest_use.entry(lease).or_insert(uses);
-                *highest = (*highest).max(uses);
+                if now - since >= 2 * MAX_HOLD + TRY_BOUND {
+                    failures.push(format!(
+                        "{who} was granted {key:?} under lease {fence} {:?} after another process was refused it: past twice the hold bound of {MAX_HOLD:?}",
+                        now - since
+                    ));
+                }
             }
+            let highest = state.highest_use.entry(lease).or_insert(uses);
+            *highest = (*highest).max(uses);
             state
                 .holders
                 .entry(key.to_owned())

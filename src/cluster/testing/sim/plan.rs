@@ -62,6 +62,10 @@ pub(super) struct Plan {
     pub(super) clock_jumps: Vec<(Duration, Duration)>,
     /// Permits per key, in the table and in every process.
     pub(super) capacity: NonZeroU32,
+    /// The first process is a reader: its workers mostly take one permit of the hot key, for
+    /// a moment, again and again, so that its part leases are handed off among them while the
+    /// other processes' writers wait.
+    pub(super) reader_process: bool,
 }
 
 impl Plan {
@@ -107,7 +111,12 @@ impl Plan {
             .collect();
         // Drawn last, so that the draws above give the runs they gave before it was drawn.
         let capacity = NonZeroU32::new([1, 2, 3][rng.below(3) as usize]).unwrap_or(NonZeroU32::MIN);
+        let reader_process = capacity.get() > 1 && rng.chance(250);
+        if reader_process {
+            processes[0].workers = 2 + rng.below(3) as usize;
+        }
         Plan {
+            reader_process,
             capacity,
             processes,
             keys,

@@ -214,7 +214,8 @@ impl SimStore {
     }
 
     /// Tells the checker of every key `statement` touched that is now wanted while another
-    /// owner's whole lease of it lives: from here on, that owner's hand-offs are bounded.
+    /// owner's whole lease of it lives, or waited for (its waiting mark lives) while another
+    /// owner's part leases of it live: from here on, those leases' hand-offs are bounded.
     fn report_wanted_holders(&self, statement: &Statement<'_>, now: Instant) {
         let keys: &[String] = match statement {
             Statement::AcquireAll(keys) | Statement::TryAcquireAll(keys) => keys,
@@ -225,12 +226,24 @@ impl SimStore {
             .into_iter()
             .chain(keys.iter().map(String::as_str));
         for key in names {
-            if let Some(row) = self.table.row(key)
-                && row.wanted
-                && row.is_held_at(now)
-                && !row.is_owned_by(self.owner())
-            {
-                self.checker.wanted_while_held(key, row.fence);
+            let Some(row) = self.table.row(key) else {
+                continue;
+            };
+            if row.wanted && row.is_held_at(now) && !row.is_owned_by(self.owner()) {
+                self.checker.wanted_while_held(key, row.fence, None);
+            }
+            // A part renewal says the key is wanted while the waiting mark lives; a grant as
+            // large as the waiting request clears it.
+            match row.waiting_at(now) {
+                Some(waiting) => {
+                    for part in &row.parts {
+                        if part.expires_at > now && part.owner != self.owner() {
+                            self.checker
+                                .wanted_while_held(key, part.fence, Some(waiting.until));
+                        }
+                    }
+                }
+                None => self.checker.mark_gone(key),
             }
         }
     }
@@ -462,18 +475,33 @@ impl LeaseStore for SimStore {
         self.take_all(keys, true).await
     }
 
-    async fn renew_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
+    async fn renew_part(&self, key: &str, fence: Fence) -> Result<Renewal, LeaseError> {
         let owner = self.owner().to_owned();
         self.run(
             Statement::RenewPart(key, fence),
             || self.inner.renew_part(key, fence),
-            |renewed, row, now| {
+            |renewal, row, now| {
                 let ours_and_live = row.is_some_and(|row| {
                     row.parts.iter().any(|part| {
                         part.fence == fence && part.owner == owner && part.expires_at > now
                     })
                 });
-                expect(*renewed, ours_and_live, "the part was ours and live")
+                expect(
+                    renewal.is_renewed(),
+                    ours_and_live,
+                    "the part was ours and live",
+                )?;
+                match (renewal, row) {
+                    (Renewal::Renewed { wanted }, Some(row))
+                        if *wanted != row.waiting_at(now).is_some() =>
+                    {
+                        Err(format!(
+                            "renewed with wanted {wanted}, where the row's waiting mark said {:?}",
+                            row.waiting_at(now)
+                        ))
+                    }
+                    _ => Ok(()),
+                }
             },
         )
         .await

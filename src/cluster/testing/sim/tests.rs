@@ -65,6 +65,7 @@ const PLANTED: &[(PlantedBug, u64)] = &[
     (PlantedBug::PartOvertakesWaiter, 20),
     (PlantedBug::LockAllOneByOne, 20),
     (PlantedBug::KeepsWantedLease, 20),
+    (PlantedBug::KeepsWantedPart, 100),
 ];
 
 fn seeds() -> Range<u64> {

@@ -35,6 +35,8 @@ pub(super) struct Worker<S> {
     pub(super) keys: usize,
     /// Permits per key.
     pub(super) capacity: u32,
+    /// A worker of the plan's reader process (see `Plan::reader_process`).
+    pub(super) reader: bool,
     pub(super) ops: usize,
     pub(super) rng: Rng,
     pub(super) checker: Arc<Checker>,
@@ -57,6 +59,9 @@ enum Call {
 
 impl<S: LeaseStore> Worker<S> {
     pub(super) async fn run(mut self) {
+        if self.reader {
+            return self.read().await;
+        }
         for _ in 0..self.ops {
             // The first key is the hot one.
             let key = match self.rng.below(4) {
@@ -91,6 +96,27 @@ impl<S: LeaseStore> Worker<S> {
                 }
             }
             let think = self.rng.between(Duration::ZERO, Duration::from_millis(10));
+            sleep(think).await;
+        }
+        self.log.event(&self.who, format_args!("done"));
+    }
+
+    /// The reader process's workload: many short holds of one permit of the hot key, waiting
+    /// for it, now and then under a timeout.
+    async fn read(mut self) {
+        for _ in 0..self.ops * 4 {
+            let call = if self.rng.chance(100) {
+                Call::Timeout(
+                    self.rng
+                        .between(Duration::from_millis(1), Duration::from_millis(300)),
+                )
+            } else {
+                Call::Wait
+            };
+            if !self.once("k0", call, Some(1)).await {
+                return;
+            }
+            let think = self.rng.between(Duration::ZERO, Duration::from_millis(2));
             sleep(think).await;
         }
         self.log.event(&self.who, format_args!("done"));

@@ -45,6 +45,9 @@ pub(crate) enum PlantedBug {
     /// Every process ignores what the store says of other processes' waiters (a renewal's
     /// `wanted`, its own refusals), and keeps its leases round after round.
     KeepsWantedLease,
+    /// Every process ignores what the store says of other processes' waiters for its part
+    /// leases alone, and keeps them for its readers round after round.
+    KeepsWantedPart,
 }
 
 /// What one run did.
@@ -238,6 +241,9 @@ impl Run {
         if self.planted == Some(PlantedBug::KeepsWantedLease) {
             leases.plant_ignoring_wanted();
         }
+        if self.planted == Some(PlantedBug::KeepsWantedPart) {
+            leases.plant_ignoring_part_wanted();
+        }
         leases::spawn_background(&leases, notices, HEARTBEAT);
         let locks = ClusterLocks::new(local, leases);
         let workers = (0..process_plan.workers)
@@ -248,6 +254,7 @@ impl Run {
                     process: Arc::clone(&clock),
                     keys: plan.keys,
                     capacity: plan.capacity.get(),
+                    reader: plan.reader_process && index == 0,
                     ops: plan.ops_per_worker,
                     rng: Rng::new(seed, WORKER | stream | ((worker as u64) << 16)),
                     checker: Arc::clone(&self.checker),
