@@ -120,6 +120,48 @@ async fn readers_of_other_processes_do_not_starve_a_writer() {
     println!("longest wait of a writer among readers of two other processes: {longest:?}");
 }
 
+/// A process's readers of a key hand their part leases on among themselves, as writers hand
+/// on the whole lease: a statement per round of a part, not one per shared lock. With every
+/// shared lock taking a part lease of its own, each grant would carry a fence of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_processs_readers_hand_their_part_leases_on_among_themselves() {
+    let prefix = fresh_prefix("kl_test_permits_handoff_").await;
+    let registry = registry(&prefix, 8).await;
+    let (tasks, reads) = (4, 40);
+    let mut readers = Vec::new();
+    for _task in 0..tasks {
+        let registry = registry.clone();
+        readers.push(tokio::spawn(async move {
+            let mut tokens = Vec::new();
+            for _read in 0..reads {
+                let read = registry.lock_shared("report".to_owned()).await.unwrap();
+                assert!(!read.is_lost());
+                tokens.push(read.fencing_token());
+                sleep(Duration::from_millis(1)).await;
+                drop(read);
+            }
+            tokens
+        }));
+    }
+    let mut tokens = Vec::new();
+    for reader in readers {
+        tokens.extend(timeout(BOUND, reader).await.expect("readers end").unwrap());
+    }
+    let grants = tokens.len();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), grants, "two shared guards had one token");
+    let mut fences: Vec<u64> = tokens.iter().map(|token| token >> 20).collect();
+    fences.dedup();
+    println!("{grants} shared locks of one process under {} part leases", fences.len());
+    assert!(
+        fences.len() <= grants / tasks,
+        "{} part leases for {grants} shared locks: not handed on",
+        fences.len()
+    );
+    no_lease_within_bound(&registry).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_shared_holder_has_a_token_of_its_own_above_the_writer_before_it() {
     let prefix = fresh_prefix("kl_test_permits_tokens_").await;
