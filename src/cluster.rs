@@ -12,7 +12,8 @@
 //!   the simulator on the in-memory store, and the interface a store implements.
 //! - `testing/` (tests only): the in-memory store, the contract every store keeps, and the
 //!   simulator.
-//! - `error` and `limits`: the errors, and the bounds they name; they import nothing above.
+//! - `error` and `limits`: the errors, and the bounds they name; `owner`: the name a store
+//!   writes in its rows ([`LeaseOwner`]). They import nothing above.
 //!
 //! The crate's tests build this module without the `postgres` feature too, for the simulator
 //! and the in-memory store: then only what they use is compiled (no tokio-postgres, no
@@ -22,6 +23,8 @@
 mod error;
 mod limits;
 mod locking;
+#[cfg(feature = "postgres")]
+mod owner;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "postgres")]
@@ -33,5 +36,7 @@ mod testing;
 pub use error::ClusterError;
 pub use locking::guard::ClusterGuard;
 pub use locking::multi_guard::ClusterMultiGuard;
+#[cfg(feature = "postgres")]
+pub use owner::LeaseOwner;
 #[cfg(feature = "postgres")]
 pub use registry::{ClusterBuilder, ClusterRegistry};

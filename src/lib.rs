@@ -299,7 +299,9 @@ pub struct RecordReplayDoctests;
 pub struct ObservabilityDoctests;
 
 #[cfg(feature = "postgres")]
-pub use cluster::{ClusterBuilder, ClusterError, ClusterGuard, ClusterMultiGuard, ClusterRegistry};
+pub use cluster::{
+    ClusterBuilder, ClusterError, ClusterGuard, ClusterMultiGuard, ClusterRegistry, LeaseOwner,
+};
 pub use error::{
     AcquireError, JournalError, LockError, PermitsError, TryAcquireError, TryLockError,
     TryPermitsError,

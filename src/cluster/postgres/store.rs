@@ -47,8 +47,9 @@
 //! the longest lease any store has used: a holder whose acquisition or renewal the crash lost
 //! has given up (its lease ran out by its own clock) before anyone else can take the key.
 //!
-//! Each store is one owner: `{process id}-{64 random bits}`, so that two stores in one process
-//! exclude each other like two processes do.
+//! Each store is one owner, named `host:pid:random` ([`LeaseOwner`], at most
+//! [`LeaseOwner::MAX_LEN`] bytes, as it is written in every row), so that two stores in one
+//! process exclude each other like two processes do, and a row says which process holds it.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -65,6 +66,7 @@ use crate::cluster::error::{ClusterError, LeaseError};
 use crate::cluster::locking::entropy::random_u64;
 use crate::cluster::locking::lease_store::{Fence, LeaseStore, Renewal, check_key, check_part};
 use crate::cluster::locking::notices::LeaseNotices;
+use crate::cluster::owner::LeaseOwner;
 use crate::cluster::postgres::batch::{Batched, Batcher};
 use crate::cluster::postgres::config::{LeaseTable, PgLeaseConfig};
 use crate::cluster::postgres::link::StatementLink;
@@ -149,7 +151,7 @@ impl PgLeaseStore {
         config: &PgLeaseConfig,
     ) -> Result<(PgLeaseStore, LeaseNotices), ClusterError> {
         let checked = config.check()?;
-        let owner = format!("{}-{:016x}", std::process::id(), random_u64());
+        let owner = LeaseOwner::of_this_process(random_u64()).to_string();
         let statements = Statements::for_table(&checked.table);
         // At most `MAX_LEASE`, a day, which fits.
         let lease_millis = i64::try_from(checked.lease.as_millis()).unwrap_or(i64::MAX);
