@@ -13,7 +13,8 @@
 //! - `testing/` (tests only): the in-memory store, the contract every store keeps, and the
 //!   simulator.
 //! - `error` and `limits`: the errors, and the bounds they name; `owner`: the name a store
-//!   writes in its rows ([`LeaseOwner`]). They import nothing above.
+//!   writes in its rows ([`LeaseOwner`]); `snapshot`: the cluster view's types
+//!   ([`ClusterSnapshot`]). They import nothing above.
 //!
 //! The crate's tests build this module without the `postgres` feature too, for the simulator
 //! and the in-memory store: then only what they use is compiled (no tokio-postgres, no
@@ -29,6 +30,8 @@ mod owner;
 mod postgres;
 #[cfg(feature = "postgres")]
 mod registry;
+#[cfg(feature = "postgres")]
+mod snapshot;
 #[cfg(test)]
 mod testing;
 
@@ -40,3 +43,5 @@ pub use locking::multi_guard::ClusterMultiGuard;
 pub use owner::LeaseOwner;
 #[cfg(feature = "postgres")]
 pub use registry::{ClusterBuilder, ClusterRegistry};
+#[cfg(feature = "postgres")]
+pub use snapshot::{ClusterSnapshot, LeaseHolder, LeaseSnapshot, WaitingRequest};

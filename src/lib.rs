@@ -300,7 +300,8 @@ pub struct ObservabilityDoctests;
 
 #[cfg(feature = "postgres")]
 pub use cluster::{
-    ClusterBuilder, ClusterError, ClusterGuard, ClusterMultiGuard, ClusterRegistry, LeaseOwner,
+    ClusterBuilder, ClusterError, ClusterGuard, ClusterMultiGuard, ClusterRegistry,
+    ClusterSnapshot, LeaseHolder, LeaseOwner, LeaseSnapshot, WaitingRequest,
 };
 pub use error::{
     AcquireError, JournalError, LockError, PermitsError, TryAcquireError, TryLockError,

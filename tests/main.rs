@@ -25,6 +25,8 @@ mod cluster_registry;
 mod cluster_tls;
 #[cfg(feature = "postgres")]
 mod cluster_try_lock;
+#[cfg(feature = "postgres")]
+mod cluster_view;
 mod configurations;
 mod cooperative;
 mod every_exit_releases;

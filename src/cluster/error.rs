@@ -13,7 +13,8 @@ use crate::cluster::limits::{MAX_KEY_BYTES, MIN_HEARTBEAT};
 /// tokio-postgres' error type (a tokio-postgres upgrade stays out of our API).
 pub(crate) type BoxError = Box<dyn Error + Send + Sync + 'static>;
 
-/// Why a lease store could not be connected.
+/// Why a lease store could not be connected, or the lease table not read for a
+/// [`ClusterRegistry::snapshot`](crate::ClusterRegistry::snapshot).
 #[cfg(feature = "postgres")]
 #[derive(Debug)]
 #[non_exhaustive]
@@ -31,7 +32,8 @@ pub enum ClusterError {
         source: BoxError,
     },
     /// The server did not answer within the connect timeout, while connecting or while the
-    /// table was being set up.
+    /// table was being set up; or, for a snapshot, within the statement timeout (the
+    /// heartbeat).
     ConnectTimeout {
         /// The server's hosts and ports.
         server: String,
@@ -142,6 +144,8 @@ pub enum ClusterError {
         /// The permits per key this registry asked for.
         asked: u32,
     },
+    /// The registry has shut down: it reads no table for a snapshot.
+    Closed,
     /// Any other failure of the server: authentication, a missing database, a table of another
     /// shape, a read-only server.
     Database {
@@ -234,6 +238,7 @@ impl fmt::Display for ClusterError {
                 "this registry's capacity is {asked} permits per key, but the lease table \
                  {table:?} has {table_capacity}: every process sharing a table must use the same"
             ),
+            ClusterError::Closed => f.write_str("the cluster registry has shut down"),
             ClusterError::Database { action, .. } => {
                 write!(f, "the postgresql server failed while {action}")
             }
@@ -261,7 +266,8 @@ impl Error for ClusterError {
             | ClusterError::LeaseTooShort { .. }
             | ClusterError::LeaseTooLong { .. }
             | ClusterError::TooManyHandoffs { .. }
-            | ClusterError::CapacityMismatch { .. } => None,
+            | ClusterError::CapacityMismatch { .. }
+            | ClusterError::Closed => None,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! [`LeaseOwner`]: the name a lease store writes in every row it holds, `host:pid:random`, so
-//! that a row read by hand says which process holds it.
+//! that a row read by hand or in a [`ClusterSnapshot`](crate::ClusterSnapshot) says which
+//! process holds it.
 //!
 //! The name is written in the `owner` column of every lease row and every part lease, and in
 //! the store's connection names (`keyed-locks statements {owner}`), which PostgreSQL cuts at

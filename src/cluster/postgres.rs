@@ -9,6 +9,7 @@
 //!   `backoff`: the delays between reconnection attempts; `sslmode`: libpq's TLS parameters,
 //!   taken out of the URL; `tls`: the TLS configuration each mode asks for, and the
 //!   handshake's failures named.
+//! - `view`: the cluster view's read of the live rows, on a connection of its own.
 //! - `config`: what a store is told (URL, table prefix, lease and heartbeat), checked before
 //!   anything reaches the server.
 
@@ -21,3 +22,4 @@ pub(crate) mod listener;
 pub(crate) mod sslmode;
 pub(crate) mod store;
 pub(crate) mod tls;
+pub(crate) mod view;

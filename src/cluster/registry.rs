@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -15,8 +16,11 @@ use crate::cluster::locking::guard::ClusterGuard;
 use crate::cluster::locking::leases::{self, CohortBounds, HANDOFF_BITS, Leases};
 use crate::cluster::locking::locks::ClusterLocks;
 use crate::cluster::locking::multi_guard::ClusterMultiGuard;
+use crate::cluster::owner::LeaseOwner;
 use crate::cluster::postgres::config::PgLeaseConfig;
 use crate::cluster::postgres::store::PgLeaseStore;
+use crate::cluster::postgres::view::LeaseView;
+use crate::cluster::snapshot::ClusterSnapshot;
 use crate::error::{LockError, PermitsError, TryLockError, TryPermitsError};
 use crate::key::LockKey;
 use crate::pure::stats::RegistryStats;
@@ -51,6 +55,9 @@ pub struct ClusterRegistry<K: LockKey + fmt::Display> {
     /// The runtime it was connected on, where its tasks (statements, heartbeat) run: the
     /// blocking calls enter it, so that they work on a thread with no tokio context.
     runtime: Handle,
+    /// The store's reads of the lease table for [`snapshot`](Self::snapshot), on a
+    /// connection of their own.
+    view: Arc<LeaseView>,
 }
 
 impl<K: LockKey + fmt::Display> Clone for ClusterRegistry<K> {
@@ -58,6 +65,7 @@ impl<K: LockKey + fmt::Display> Clone for ClusterRegistry<K> {
         ClusterRegistry {
             locks: self.locks.clone(),
             runtime: self.runtime.clone(),
+            view: Arc::clone(&self.view),
         }
     }
 }
@@ -66,6 +74,7 @@ impl<K: LockKey + fmt::Display> fmt::Debug for ClusterRegistry<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (keys, leases) = self.locks.leases.counts();
         f.debug_struct("ClusterRegistry")
+            .field("owner", &self.view.owner().to_string())
             .field("local", &self.locks.local)
             .field("keys", &keys)
             .field("leases", &leases)
@@ -852,8 +861,129 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
         self.locks.leases.counts().1
     }
 
+    /// This registry's owner name, `host:pid:random`, as every lease row it holds carries it:
+    /// log it at start, and a row found in the table (or a [`snapshot`](Self::snapshot) of
+    /// another process) leads to this process.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .connect()
+    ///     .await?;
+    /// assert_eq!(registry.owner().pid(), std::process::id());
+    /// println!("lease owner {}", registry.owner());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn owner(&self) -> &LeaseOwner {
+        self.view.owner()
+    }
+
+    /// Every key held or waited for in the cluster: the lease table's live rows, of every
+    /// process (each key's holders with their owner names, fences and time left, and the
+    /// request that waits for it), and this process's local view
+    /// ([`LockRegistry::snapshot`]) beside them.
+    ///
+    /// The rows come from one SELECT, on a connection of the view's own, opened at the first
+    /// snapshot and kept: a scan there never holds back a renewal on the statement
+    /// connection. It reads every row of the table (one per key ever locked), at one instant
+    /// of the server's clock; times left are the server's, so clocks of the clients do not
+    /// matter. The keys a request waits for come first, then those whose leases run out
+    /// soonest (the table does not record when a lease was taken). On a large table, use
+    /// [`snapshot_top`](Self::snapshot_top), which the server cuts before sending.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads. Dropping the future during the statement leaves the view's
+    /// connection to finish it, or to be made again by the next snapshot.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::Closed`] after [`shutdown`](Self::shutdown);
+    /// [`ClusterError::Unreachable`] (or another failure to connect) if the server cannot be
+    /// reached, [`ClusterError::ConnectTimeout`] if it does not answer within the heartbeat,
+    /// [`ClusterError::Database`] or [`ClusterError::MissingPermission`] if it refuses the
+    /// read. It waits for no reconnection: the next call tries again.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .connect()
+    ///     .await?;
+    /// let guard = registry.lock("account:42".to_string()).await?;
+    /// let view = registry.snapshot().await?;
+    /// let row = view.leases.iter().find(|row| row.key == "account:42").ok_or("no row")?;
+    /// assert!(row.ours);
+    /// assert_eq!(row.holders[0].owner.as_ref(), Some(registry.owner()));
+    /// assert_eq!(row.holders[0].fence, guard.fencing_token() >> 20);
+    /// println!("{} held by {} for {:?} more", row.key, row.holders[0].owner_name, row.holders[0].expires_in);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn snapshot(&self) -> Result<ClusterSnapshot<K>, ClusterError> {
+        self.views(None).await
+    }
+
+    /// The first `n` keys of [`snapshot`](Self::snapshot), in the table and in this process:
+    /// the first `n` rows of the table (the keys a request waits for first, then those whose
+    /// leases run out soonest), cut on the server, and the `n` most contended local keys
+    /// ([`LockRegistry::snapshot_top`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe, as [`snapshot`](Self::snapshot).
+    ///
+    /// # Errors
+    ///
+    /// As [`snapshot`](Self::snapshot).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = keyed_locks::ClusterRegistry::<String>::builder("postgres://postgres@127.0.0.1/test")
+    ///     .connect()
+    ///     .await?;
+    /// for row in registry.snapshot_top(20).await?.leases {
+    ///     let waiting = row.waiting.map_or("", |_| " (waited for)");
+    ///     for holder in &row.holders {
+    ///         println!("{}{waiting}: {} under fence {}", row.key, holder.owner_name, holder.fence);
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn snapshot_top(&self, n: usize) -> Result<ClusterSnapshot<K>, ClusterError> {
+        self.views(Some(n)).await
+    }
+
+    /// The local view and the table's, each of at most `limit` keys.
+    async fn views(&self, limit: Option<usize>) -> Result<ClusterSnapshot<K>, ClusterError> {
+        // The local registry first: it says whether the registry has shut down, and then the
+        // server is not asked.
+        let local = match limit {
+            Some(n) => self.locks.local.snapshot_top(n).await,
+            None => self.locks.local.snapshot().await,
+        }
+        .map_err(|_closed| ClusterError::Closed)?;
+        let leases = self.view.live_rows(limit).await?;
+        Ok(ClusterSnapshot {
+            owner: self.view.owner().clone(),
+            leases,
+            local,
+        })
+    }
+
     /// Stops the local registry (every local waiter gets [`LockError::Closed`]), releases
-    /// every lease this process holds, and marks their guards lost.
+    /// every lease this process holds, marks their guards lost, and closes the view's
+    /// connection ([`snapshot`](Self::snapshot) gives [`ClusterError::Closed`] after it).
     ///
     /// # Cancel safety
     ///
@@ -875,6 +1005,7 @@ impl<K: LockKey + fmt::Display> ClusterRegistry<K> {
     /// ```
     pub async fn shutdown(&self) {
         self.locks.shutdown().await;
+        self.view.close().await;
     }
 }
 
@@ -1068,6 +1199,7 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
             max_hold: self.max_hold.unwrap_or(self.config.lease / 2),
         };
         let (store, notices) = PgLeaseStore::connect(&self.config).await?;
+        let view = store.view();
         let journaling = self.local.journaling();
         let local = self.local.capacity(self.config.capacity).spawn();
         let journal: Option<leases::LeaseJournal> = journaling.then(|| {
@@ -1079,6 +1211,7 @@ impl<K: LockKey + fmt::Display> ClusterBuilder<K> {
         Ok(ClusterRegistry {
             locks: ClusterLocks::new(local, leases),
             runtime: Handle::current(),
+            view,
         })
     }
 }

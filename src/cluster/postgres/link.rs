@@ -47,7 +47,8 @@ pub(crate) struct StatementLink {
     server: Server,
     application_name: String,
     statement_timeout: Duration,
-    /// Run on each new connection before any call (simple protocol, no parameters).
+    /// Run on each new connection before any call (simple protocol, no parameters); empty,
+    /// nothing is.
     on_connect: String,
     state: Mutex<LinkState>,
 }
@@ -167,6 +168,35 @@ impl StatementLink {
         (link, client)
     }
 
+    /// A link that opens its connection at its first call, with no `on_connect` statement:
+    /// for a connection that only reads and is seldom used (the cluster view), which a store
+    /// then does not open unless it is asked to.
+    pub(crate) fn unopened(
+        server: Server,
+        application_name: String,
+        statement_timeout: Duration,
+    ) -> Self {
+        StatementLink {
+            server,
+            application_name,
+            statement_timeout,
+            on_connect: String::new(),
+            state: Mutex::new(LinkState {
+                connection: None,
+                retry_at: Instant::now(),
+                backoff: Backoff::default(),
+            }),
+        }
+    }
+
+    /// Closes the connection, if open; the next call opens another.
+    pub(crate) async fn close(&self) {
+        let mut state = self.state.lock().await;
+        if let Some(driven) = state.connection.take() {
+            driven.driver.abort();
+        }
+    }
+
     /// Runs one statement with typed parameters, prepared on the connection the first time it
     /// runs there (a pooler in transaction mode must forward prepared statements: PgBouncer
     /// 1.21 or later, with `max_prepared_statements` set).
@@ -245,6 +275,9 @@ impl StatementLink {
 
     /// Runs `on_connect` on `session`, within the statement timeout.
     async fn set_up(&self, session: &Session) -> Result<(), LeaseError> {
+        if self.on_connect.is_empty() {
+            return Ok(());
+        }
         let setup = session.client.batch_execute(&self.on_connect);
         match tokio::time::timeout(self.statement_timeout, setup).await {
             Ok(answer) => answer.map_err(LeaseError::Statement),

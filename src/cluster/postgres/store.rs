@@ -50,6 +50,7 @@
 //! Each store is one owner, named `host:pid:random` ([`LeaseOwner`], at most
 //! [`LeaseOwner::MAX_LEN`] bytes, as it is written in every row), so that two stores in one
 //! process exclude each other like two processes do, and a row says which process holds it.
+//! The cluster view reads the live rows on a connection of its own (`view`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -71,6 +72,7 @@ use crate::cluster::postgres::batch::{Batched, Batcher};
 use crate::cluster::postgres::config::{LeaseTable, PgLeaseConfig};
 use crate::cluster::postgres::link::StatementLink;
 use crate::cluster::postgres::listener;
+use crate::cluster::postgres::view::LeaseView;
 
 /// The lease store on a PostgreSQL table. Dropping it stops its listener and closes its
 /// connections; its leases run out unless [`release_all`](LeaseStore::release_all) ran first.
@@ -81,6 +83,8 @@ pub(crate) struct PgLeaseStore {
     /// statement (`batch`).
     changes: Batcher<Change, Option<Made>>,
     listener: AbortHandle,
+    /// The cluster view's reads of the table, for the registry to keep.
+    view: Arc<LeaseView>,
 }
 
 /// What the statements need, shared with the task that sends the batches.
@@ -151,7 +155,8 @@ impl PgLeaseStore {
         config: &PgLeaseConfig,
     ) -> Result<(PgLeaseStore, LeaseNotices), ClusterError> {
         let checked = config.check()?;
-        let owner = LeaseOwner::of_this_process(random_u64()).to_string();
+        let owner_name = LeaseOwner::of_this_process(random_u64());
+        let owner = owner_name.to_string();
         let statements = Statements::for_table(&checked.table);
         // At most `MAX_LEASE`, a day, which fits.
         let lease_millis = i64::try_from(checked.lease.as_millis()).unwrap_or(i64::MAX);
@@ -181,6 +186,13 @@ impl PgLeaseStore {
         }
         drop(client);
 
+        let view = Arc::new(LeaseView::new(
+            server.clone(),
+            &checked.table,
+            owner_name,
+            checked.capacity,
+            checked.heartbeat,
+        ));
         let listener_name = format!("keyed-locks listener {owner}");
         let (notices, listener) = listener::start(server, &checked.table, listener_name).await?;
         let core = Arc::new(StoreCore {
@@ -199,6 +211,7 @@ impl PgLeaseStore {
             core,
             lease: checked.lease,
             listener,
+            view,
         };
         Ok((store, notices))
     }
@@ -262,6 +275,11 @@ impl PgLeaseStore {
             }
         }
         Ok(fences)
+    }
+
+    /// The cluster view's reads of this store's table, under this store's owner name.
+    pub(crate) fn view(&self) -> Arc<LeaseView> {
+        Arc::clone(&self.view)
     }
 
     /// This store's owner id, as the table's `owner` column holds it (the tests look for it).
