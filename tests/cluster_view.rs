@@ -1,8 +1,9 @@
 //! `ClusterRegistry::snapshot` shows every process the lease table's live rows (holder's
 //! owner name with this host and pid, fence, time left by the server's clock, a waiting
 //! request) and its own local view; a released key leaves it, `snapshot_top(n)` cuts it to
-//! the waited-for keys first, and a registry that has shut down refuses it. Two registries on
-//! one table stand for two processes, against the real server.
+//! the waited-for keys first, it reads on a connection of its own, and a registry that has
+//! shut down refuses it. Two registries on one table stand for two processes, against the
+//! real server.
 
 use std::collections::BTreeSet;
 use std::num::NonZeroU32;
@@ -226,6 +227,43 @@ async fn snapshot_top_gives_the_waited_for_key_first() {
     }
     assert!(holder.snapshot_top(0).await.unwrap().leases.is_empty());
     waiting.abort();
+}
+
+/// The server's connections named as `owner`'s view connection.
+async fn view_connections(owner: &LeaseOwner) -> i64 {
+    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .expect("connects to the test server");
+    tokio::spawn(connection);
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            &[&format!("keyed-locks view {owner}")],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_reads_on_a_connection_of_its_own_opened_at_the_first_view() {
+    let prefix = fresh_prefix("kl_test_view_connection_").await;
+    let registry = registry(&prefix, 1).await;
+    let _held = registry.lock("k".to_owned()).await.unwrap();
+    assert_eq!(
+        view_connections(registry.owner()).await,
+        0,
+        "none before a view"
+    );
+    registry.snapshot().await.unwrap();
+    registry.snapshot_top(1).await.unwrap();
+    assert_eq!(view_connections(registry.owner()).await, 1, "one, kept");
+    registry.shutdown().await;
+    let started = Instant::now();
+    while view_connections(registry.owner()).await > 0 {
+        assert!(started.elapsed() < BOUND, "closed at shutdown");
+        sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
