@@ -153,7 +153,10 @@ async fn a_processs_readers_hand_their_part_leases_on_among_themselves() {
     assert_eq!(tokens.len(), grants, "two shared guards had one token");
     let mut fences: Vec<u64> = tokens.iter().map(|token| token >> 20).collect();
     fences.dedup();
-    println!("{grants} shared locks of one process under {} part leases", fences.len());
+    println!(
+        "{grants} shared locks of one process under {} part leases",
+        fences.len()
+    );
     assert!(
         fences.len() <= grants / tasks,
         "{} part leases for {grants} shared locks: not handed on",

@@ -72,11 +72,13 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -233,7 +235,8 @@ struct Held {
     wanted: bool,
     /// The renewal that asks whether the key is wanted, for the round under way.
     check: Check,
-    /// Woken when a check is answered, and when the lease is let go (`Drop`).
+    /// Wakes every holder waiting for the round's check ([`CheckAnswered`]) when it is
+    /// answered, and when the lease is let go (`Drop`).
     check_answered: Arc<Notify>,
     /// Tells the guards of this fence how long it is good for, and when it is lost.
     validity: watch::Sender<Validity>,
@@ -241,8 +244,8 @@ struct Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // A holder waiting for this lease's check looks again, and finds it gone.
-        self.check_answered.notify_one();
+        // Holders waiting for this lease's check look again, and find it gone.
+        self.check_answered.notify_waiters();
     }
 }
 
@@ -293,7 +296,7 @@ impl Held {
 enum Step {
     Use(Lease),
     /// At the bound; the store is being asked whether another process wants the key.
-    AwaitCheck(Arc<Notify>),
+    AwaitCheck(CheckAnswered),
     /// The lease goes back: lost, at its fence's last use, or at the bound and wanted.
     GiveBack,
 }
@@ -310,7 +313,20 @@ pub(crate) enum Next<L = Lease> {
     },
     /// The lease is at its bound and the store is being asked whether another process wants
     /// it: wait for this, then ask again.
-    AwaitCheck(Arc<Notify>),
+    AwaitCheck(CheckAnswered),
+}
+
+/// Ready once the check a holder waits for is answered or its lease let go. Registered with
+/// the lease's [`Notify`] before the leases' lock is let go, where the check's state was read,
+/// so that an answer coming in between is not missed; every holder waiting for one check is
+/// woken (`notify_waiters`): several readers may wait for one part lease.
+pub(crate) type CheckAnswered = Pin<Box<OwnedNotified>>;
+
+/// Registers for the answer to `held`'s check; called with the leases' lock held.
+fn await_check(held: &Held) -> CheckAnswered {
+    let mut answered = Box::pin(Arc::clone(&held.check_answered).notified_owned());
+    answered.as_mut().enable();
+    answered
 }
 
 /// A guard's share of a held lease.
@@ -440,11 +456,13 @@ impl<S: LeaseStore> Leases<S> {
     }
 
     /// For a local holder of `permits` of `name`: use an idle part lease of that size that the
-    /// process keeps, if its round allows, or say what to do (never [`Next::AwaitCheck`]: a
-    /// part at its bound whose check is on its way is passed over, and the holder takes a part
-    /// of its own meanwhile). Parts that must go back are released here, in tasks of their
-    /// own, and so are the idle whole lease and idle parts of other sizes before a new part
-    /// is asked for (invariant 8): they hold permits this request may need.
+    /// process keeps, if its round allows, or say what to do. With none usable and one at its
+    /// bound whose check is on its way, wait for the check ([`Next::AwaitCheck`]) rather than
+    /// take a part of its own: a part more would hold permits that readers of other processes
+    /// may be refused, and their waiting mark would then send every idle part back. Parts that
+    /// must go back are released here, in tasks of their own, and so are the idle whole lease
+    /// and idle parts of other sizes before a new part is asked for (invariant 8): they hold
+    /// permits this request may need.
     pub(crate) fn next_for_part_holder(
         self: &Arc<Self>,
         name: &str,
@@ -457,6 +475,7 @@ impl<S: LeaseStore> Leases<S> {
             };
         };
         let mut give_back = Vec::new();
+        let mut awaiting = None;
         let mut at = 0;
         while let Some(part) = entry.parts.get_mut(at) {
             if part.in_use || part.permits != Some(permits) {
@@ -472,12 +491,21 @@ impl<S: LeaseStore> Leases<S> {
                         lease,
                     });
                 }
-                Step::AwaitCheck(_) => at += 1,
+                Step::AwaitCheck(answered) => {
+                    awaiting.get_or_insert(answered);
+                    at += 1;
+                }
                 Step::GiveBack => {
                     let part = entry.parts.swap_remove(at);
                     give_back.push((part.fence, Kind::Part));
                 }
             }
+        }
+        if let Some(answered) = awaiting {
+            drop(keys);
+            // Parts that went back meanwhile need no wait: nobody here comes for them.
+            drop(self.spawn_releases(name, give_back));
+            return Next::AwaitCheck(answered);
         }
         if let Some(held) = entry.held.take_if(|held| !held.in_use) {
             held.validity.send_modify(|validity| validity.lost = true);
@@ -509,11 +537,11 @@ impl<S: LeaseStore> Leases<S> {
                     held.check = Check::NotAsked;
                     in_round = true;
                 }
-                Check::Asked => return Step::AwaitCheck(Arc::clone(&held.check_answered)),
+                Check::Asked => return Step::AwaitCheck(await_check(held)),
                 Check::NotAsked => {
                     held.check = Check::Asked;
                     self.spawn_check(name, held);
-                    return Step::AwaitCheck(Arc::clone(&held.check_answered));
+                    return Step::AwaitCheck(await_check(held));
                 }
             }
         }
@@ -1147,7 +1175,7 @@ impl<S: LeaseStore> Leases<S> {
         if held.round_from == round_from && held.check == Check::Asked && !wanted {
             held.check = Check::NotWanted;
         }
-        held.check_answered.notify_one();
+        held.check_answered.notify_waiters();
         drop(keys);
         if wanted {
             self.give_back_idle_part(name, fence);

@@ -69,7 +69,7 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
             // At the bound, asking whether another process wants the key: one statement of
             // ours, which a try may wait for.
             Next::AwaitCheck(answered) => {
-                answered.notified().await;
+                answered.await;
                 match self.leases.next_for_holder(interest.name()) {
                     Next::Use(lease) => lease,
                     _ => return Err(TryLockError::WouldBlock),
@@ -200,7 +200,7 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
                     Next::Use(lease) => return Ok(Some(lease)),
                     // At the bound, asking whether another process wants the key: its answer
                     // says whether to keep the lease or give it back.
-                    Next::AwaitCheck(answered) => answered.notified().await,
+                    Next::AwaitCheck(answered) => answered.await,
                     Next::Acquire {
                         after_release: None,
                     } => break,
@@ -230,22 +230,28 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
     ) -> Result<PartUse, LockError> {
         let leases = &self.leases;
         self.wait_for_lease(&[interest], || async move {
-            match leases.next_for_part_holder(interest.name(), permits) {
-                Next::Use(part) => return Ok(Some(part)),
-                Next::Acquire {
-                    after_release: None,
-                }
-                | Next::AwaitCheck(_) => {}
-                Next::Acquire {
-                    after_release: Some(release),
-                } => {
-                    // Leases of the key went back first: the idle whole lease or parts of
-                    // other sizes (the store would count them against this request), or parts
-                    // at their bound that another process wants. Their releases' notices wake
-                    // nobody here; waiting twice their round trip lets a process that heard
-                    // them get its request in first, as for the whole lease.
-                    let round_trip = release.await.unwrap_or(Duration::ZERO);
-                    tokio::time::sleep((2 * round_trip).max(Duration::from_millis(1))).await;
+            loop {
+                match leases.next_for_part_holder(interest.name(), permits) {
+                    Next::Use(part) => return Ok(Some(part)),
+                    // A part of this size is at its bound, asking whether another process
+                    // wants the key: its answer says whether it serves another round.
+                    Next::AwaitCheck(answered) => answered.await,
+                    Next::Acquire {
+                        after_release: None,
+                    } => break,
+                    Next::Acquire {
+                        after_release: Some(release),
+                    } => {
+                        // Leases of the key went back first: the idle whole lease or parts of
+                        // other sizes (the store would count them against this request), or
+                        // parts at their bound that another process wants. Their releases'
+                        // notices wake nobody here; waiting twice their round trip lets a
+                        // process that heard them get its request in first, as for the whole
+                        // lease.
+                        let round_trip = release.await.unwrap_or(Duration::ZERO);
+                        tokio::time::sleep((2 * round_trip).max(Duration::from_millis(1))).await;
+                        break;
+                    }
                 }
             }
             leases
