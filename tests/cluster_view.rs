@@ -10,7 +10,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use keyed_locks::{
-    ClusterError, ClusterRegistry, ClusterSnapshot, KeyHold, LeaseOwner, LeaseSnapshot,
+    ClusterError, ClusterRegistry, ClusterSnapshot, KeyHold, LeaseOwner, LeaseSnapshot, LockError,
 };
 use tokio::time::{Instant, sleep};
 
@@ -39,6 +39,15 @@ fn row<'v>(view: &'v ClusterSnapshot<String>, key: &str) -> Option<&'v LeaseSnap
 
 /// Takes snapshots of `registry` until `ready` holds of one, failing after [`BOUND`]: a
 /// waiter's mark and a release are written by statements of their own, soon but not at once.
+/// `registry.lock(key)` in a task of its own, which ends when the lock is taken.
+fn lock_in_a_task(
+    registry: &ClusterRegistry<String>,
+    key: &str,
+) -> tokio::task::JoinHandle<Result<(), LockError>> {
+    let (registry, key) = (registry.clone(), key.to_owned());
+    tokio::spawn(async move { registry.lock(key).await.map(drop) })
+}
+
 async fn snapshot_when(
     registry: &ClusterRegistry<String>,
     ready: impl Fn(&ClusterSnapshot<String>) -> bool,
@@ -68,10 +77,7 @@ async fn both_processes_see_the_holder_and_the_waiting_request() {
         "one owner name per registry"
     );
     let guard = holder.lock("a".to_owned()).await.unwrap();
-    let waiting = tokio::spawn({
-        let waiter = waiter.clone();
-        async move { waiter.lock("a".to_owned()).await.map(drop) }
-    });
+    let waiting = lock_in_a_task(&waiter, "a");
 
     let from_holder = snapshot_when(&holder, |view| {
         row(view, "a").is_some_and(|row| row.waiting.is_some())
@@ -208,10 +214,7 @@ async fn snapshot_top_gives_the_waited_for_key_first() {
     let _b = holder.lock("b".to_owned()).await.unwrap();
     let _c = holder.lock("c".to_owned()).await.unwrap();
     let _z = holder.lock("z".to_owned()).await.unwrap();
-    let waiting = tokio::spawn({
-        let waiter = waiter.clone();
-        async move { waiter.lock("z".to_owned()).await.map(drop) }
-    });
+    let waiting = lock_in_a_task(&waiter, "z");
     let all = snapshot_when(&holder, |view| {
         row(view, "z").is_some_and(|row| row.waiting.is_some())
     })

@@ -195,26 +195,8 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
     async fn lease_for(&self, interest: &Interest) -> Result<Lease, LockError> {
         let leases = &self.leases;
         self.wait_for_lease(&[interest], || async move {
-            loop {
-                match leases.next_for_holder(interest.name()) {
-                    Next::Use(lease) => return Ok(Some(lease)),
-                    // At the bound, asking whether another process wants the key: its answer
-                    // says whether to keep the lease or give it back.
-                    Next::AwaitCheck(answered) => answered.await,
-                    Next::Acquire {
-                        after_release: None,
-                    } => break,
-                    Next::Acquire {
-                        after_release: Some(release),
-                    } => {
-                        // The process gave the lease back at its bound. Waiting twice the
-                        // release's round trip before asking again lets a process that heard
-                        // the release notice get its acquire in first.
-                        let round_trip = release.await.unwrap_or(Duration::ZERO);
-                        tokio::time::sleep((2 * round_trip).max(Duration::from_millis(1))).await;
-                        break;
-                    }
-                }
+            if let Some(lease) = kept_lease(|| leases.next_for_holder(interest.name())).await {
+                return Ok(Some(lease));
             }
             leases.acquire(interest.name()).await
         })
@@ -230,29 +212,9 @@ impl<K: LockKey + fmt::Display, S: LeaseStore> ClusterLocks<K, S> {
     ) -> Result<PartUse, LockError> {
         let leases = &self.leases;
         self.wait_for_lease(&[interest], || async move {
-            loop {
-                match leases.next_for_part_holder(interest.name(), permits) {
-                    Next::Use(part) => return Ok(Some(part)),
-                    // A part of this size is at its bound, asking whether another process
-                    // wants the key: its answer says whether it serves another round.
-                    Next::AwaitCheck(answered) => answered.await,
-                    Next::Acquire {
-                        after_release: None,
-                    } => break,
-                    Next::Acquire {
-                        after_release: Some(release),
-                    } => {
-                        // Leases of the key went back first: the idle whole lease or parts of
-                        // other sizes (the store would count them against this request), or
-                        // parts at their bound that another process wants. Their releases'
-                        // notices wake nobody here; waiting twice their round trip lets a
-                        // process that heard them get its request in first, as for the whole
-                        // lease.
-                        let round_trip = release.await.unwrap_or(Duration::ZERO);
-                        tokio::time::sleep((2 * round_trip).max(Duration::from_millis(1))).await;
-                        break;
-                    }
-                }
+            let next = || leases.next_for_part_holder(interest.name(), permits);
+            if let Some(part) = kept_lease(next).await {
+                return Ok(Some(part));
             }
             leases
                 .acquire_part(interest.name(), permits, Ask::Acquire)
@@ -430,4 +392,31 @@ fn lease_names<K: fmt::Display>(keys: &[K]) -> Vec<String> {
     names.sort_unstable();
     names.dedup();
     names
+}
+
+/// Follows what the leases the process keeps allow its next local holder (`next`, asked again
+/// after each wait): a lease to use, or `None` once a new one must be asked for.
+///
+/// At a round's bound the store is being asked whether another process wants the key; its
+/// answer says whether the lease serves another round, so this waits for it. When leases of
+/// the key have just gone back (at the bound, or idle ones that the store would count against
+/// this request), their release notices wake nobody here: waiting twice the release's round
+/// trip before asking again lets a process that heard them get its request in first.
+async fn kept_lease<L>(mut next: impl FnMut() -> Next<L>) -> Option<L> {
+    loop {
+        match next() {
+            Next::Use(lease) => return Some(lease),
+            Next::AwaitCheck(answered) => answered.await,
+            Next::Acquire {
+                after_release: None,
+            } => return None,
+            Next::Acquire {
+                after_release: Some(release),
+            } => {
+                let round_trip = release.await.unwrap_or(Duration::ZERO);
+                tokio::time::sleep((2 * round_trip).max(Duration::from_millis(1))).await;
+                return None;
+            }
+        }
+    }
 }
