@@ -26,6 +26,13 @@
 //!    still be on its way: not `wanted`, or its last lease ended at least a lease length
 //!    ago (a waiter asks again within its poll interval, shorter than a lease). A refused
 //!    try changes nothing, so it neither marks the row nor is announced a release.
+//! 6. Part leases are the row's arrays `part_owners`, `part_fences`, `part_permits` and
+//!    `part_until`, one element per lease: a key is held by its whole lease or by live part
+//!    leases, never both, and its live part leases hold at most the table's capacity of
+//!    permits together. Each takes its fence from the key's one `fence` counter.
+//! 7. A refused acquisition records its size (the whole capacity for a whole lease) as the
+//!    waiting mark, `waiting_permits` until `waiting_until` (a lease from the refusal); while
+//!    it lives no smaller request is granted, and a grant at least as large clears it.
 //!
 //! Because of invariant 2 the table keeps one row per key ever acquired.
 //!
