@@ -1,7 +1,8 @@
 //! The lease store on PostgreSQL: a table of lease rows and two small tables beside it, a few
 //! statements run on a shared connection (`link`), and a connection of its own that listens
 //! for releases (`listener`). Acquisitions, renewals and releases of many keys made at once go
-//! as one statement (`batch`), which changes their rows in key order.
+//! as one statement (`batch`), which changes their rows in key order; so do renewals of part
+//! leases, those of one key's parts included (`renew_parts`).
 //!
 //! # The tables
 //!
@@ -89,6 +90,10 @@ pub(crate) struct PgLeaseStore {
     /// Acquisitions, renewals and releases of many keys go to the server together, as one
     /// statement (`batch`).
     changes: Batcher<Change, Option<Made>>,
+    /// Renewals of part leases, of any keys, go to the server together too
+    /// (`renew_parts`): the parts of one key share its row, and one statement per part would
+    /// queue for that row one after another.
+    part_renewals: Batcher<PartRenewal, Renewal>,
     listener: AbortHandle,
     /// The cluster view's reads of the table, for the registry to keep.
     view: Arc<LeaseView>,
@@ -137,6 +142,20 @@ impl Change {
             Change::Renew { key, fence } => (key, Some(*fence), true),
             Change::Release { key, fence } => (key, Some(*fence), false),
         }
+    }
+}
+
+/// A renewal of our part lease `part.1` of key `part.0`, in a batch.
+struct PartRenewal {
+    part: (String, i64),
+}
+
+impl Batched for PartRenewal {
+    type Conflict = (String, i64);
+
+    /// Parts of one key share a batch (the statement groups them by row); a part goes once.
+    fn conflict(&self) -> &(String, i64) {
+        &self.part
     }
 }
 
@@ -214,6 +233,10 @@ impl PgLeaseStore {
             changes: Batcher::new(Box::new({
                 let core = Arc::clone(&core);
                 move |batch| Box::pin(Arc::clone(&core).change_batch(batch))
+            })),
+            part_renewals: Batcher::new(Box::new({
+                let core = Arc::clone(&core);
+                move |batch| Box::pin(Arc::clone(&core).renew_parts(batch))
             })),
             core,
             lease: checked.lease,
@@ -372,6 +395,46 @@ impl StoreCore {
     }
 }
 
+impl StoreCore {
+    /// Renews every part lease of `batch` that is still ours and live, in one statement that
+    /// locks their rows in key order (as `change_batch` does): each answer says whether its
+    /// part was renewed, and whether a request waits for the key.
+    async fn renew_parts(
+        self: Arc<Self>,
+        batch: Vec<PartRenewal>,
+    ) -> Result<Vec<Renewal>, LeaseError> {
+        let mut values = self.values();
+        let mut part_fences = Vec::with_capacity(batch.len());
+        for PartRenewal { part: (key, fence) } in &batch {
+            values.keys.push(key);
+            part_fences.push(*fence);
+        }
+        let rows = self
+            .link
+            .query(
+                &self.statements.renew_parts,
+                &values.renew_parts(&part_fences),
+            )
+            .await?;
+        // A row per key with a part renewed: whether the key is wanted, and which parts.
+        let mut renewed = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let wanted: bool = row.try_get("wanted").map_err(LeaseError::Statement)?;
+            let fences: Vec<i64> = row.try_get("renewed").map_err(LeaseError::Statement)?;
+            renewed.insert(key_of(row)?, (wanted, fences));
+        }
+        Ok(batch
+            .iter()
+            .map(|PartRenewal { part: (key, fence) }| match renewed.get(key) {
+                Some((wanted, fences)) if fences.contains(fence) => {
+                    Renewal::Renewed { wanted: *wanted }
+                }
+                _ => Renewal::Lost,
+            })
+            .collect())
+    }
+}
+
 /// The key a batch statement returned a row for.
 fn key_of(row: &Row) -> Result<String, LeaseError> {
     row.try_get("key").map_err(LeaseError::Statement)
@@ -479,20 +542,11 @@ impl LeaseStore for PgLeaseStore {
         let Ok(fence) = i64::try_from(fence) else {
             return Ok(Renewal::Lost);
         };
-        let core = &self.core;
-        let values = core.values();
-        let rows = core
-            .link
-            .query(
-                &core.statements.renew_part,
-                &values.renew_part(&key, &fence),
-            )
-            .await?;
-        let Some(row) = rows.first() else {
-            return Ok(Renewal::Lost);
-        };
-        let wanted: bool = row.try_get("wanted").map_err(LeaseError::Statement)?;
-        Ok(Renewal::Renewed { wanted })
+        let part = (key.to_owned(), fence);
+        self.part_renewals
+            .submit(PartRenewal { part })
+            .await
+            .map_err(LeaseError::Batch)
     }
 
     async fn release_part(&self, key: &str, fence: Fence) -> Result<bool, LeaseError> {
@@ -580,9 +634,11 @@ struct Statements {
     /// trying), else none: marking each wanted and waited for by the whole capacity, or, when
     /// trying, changing nothing. Returns `(key, fence, taken)` per row it wrote.
     acquire_all: String,
-    /// `$1` key, `$2` owner, `$3` lease in milliseconds, `$4` fence. Extends our live part
-    /// lease; returns a row if it did.
-    renew_part: String,
+    /// `$1` keys, `$2` owner, `$3` lease in milliseconds, `$4` fences, one per key (a key
+    /// may come once per part). Locks the keys' rows in key order and extends each of our
+    /// live part leases named; returns `(key, wanted, renewed)` per row it renewed a part
+    /// of, `renewed` the fences of the parts it extended.
+    renew_parts: String,
     /// `$1` key, `$2` owner, `$3` fence, `$4` channel. Ends our part lease, announcing it if
     /// wanted; returns a row if it did.
     release_part: String,
@@ -685,12 +741,12 @@ impl Values<'_> {
         ]
     }
 
-    fn renew_part<'v>(&'v self, key: &'v &'v str, fence: &'v i64) -> Params<'v, 4> {
+    fn renew_parts<'v>(&'v self, part_fences: &'v Vec<i64>) -> Params<'v, 4> {
         [
-            (key, Type::TEXT),
+            (&self.keys, Type::TEXT_ARRAY),
             (&self.owner, Type::TEXT),
             (&self.lease_millis, Type::INT8),
-            (fence, Type::INT8),
+            (part_fences, Type::INT8_ARRAY),
         ]
     }
 
@@ -796,6 +852,10 @@ impl Statements {
             format!("ARRAY(SELECT part.{column} FROM {parts} WHERE {which} ORDER BY part.position)")
         };
         let live = "part.until > statement_timestamp()";
+        // A part a renewal names, ours and live. Read again after the update (in RETURNING),
+        // the parts it extended, and only those: one that had run out stays out.
+        let ours_asked_live = "part.owner = $2 AND part.fence = ANY(asked.fences) \
+                               AND part.until > clock_timestamp()";
         let not_released = "NOT (part.owner = $2 AND part.fence = $3)";
         let not_ours = "part.owner <> $1";
         // A part fits beside no live whole lease (ours counts too: the process gives it back
@@ -1010,19 +1070,33 @@ impl Statements {
                    RETURNING key, fence, coalesce(granted_ticket = $6, false) AS taken) \
                  SELECT key, fence, taken, {async_commit} FROM changed"
             ),
-            renew_part: format!(
-                "WITH renewed AS ( \
+            // The rows are locked in key order first (`locked`, read by the update as one
+            // value before it scans), as in every statement that changes several rows: two
+            // processes' renewals never wait for each other.
+            renew_parts: format!(
+                "WITH asked AS ( \
+                   SELECT given.key, array_agg(given.fence) AS fences \
+                   FROM unnest($1::text[], $4::bigint[]) AS given(key, fence) \
+                   GROUP BY given.key), \
+                 locked AS ( \
+                   SELECT array_agg(in_order.key) AS keys FROM ( \
+                     SELECT held.key FROM {table} AS held WHERE held.key = ANY($1) \
+                     ORDER BY held.key COLLATE \"C\" FOR UPDATE) AS in_order), \
+                 renewed AS ( \
                    UPDATE {table} AS held \
-                   SET part_until = ARRAY(SELECT CASE WHEN part.owner = $2 AND part.fence = $4 \
+                   SET part_until = ARRAY(SELECT CASE WHEN {ours_asked_live} \
                                                       THEN clock_timestamp() + {lease} \
                                                       ELSE part.until END \
                                           FROM {parts} ORDER BY part.position) \
-                   WHERE held.key = $1 \
-                     AND EXISTS (SELECT FROM {parts} WHERE part.owner = $2 AND part.fence = $4 \
-                                 AND part.until > clock_timestamp()) \
-                   RETURNING key, coalesce(held.waiting_until > clock_timestamp(), false) \
-                             AS wanted) \
-                 SELECT key, wanted, {async_commit} FROM renewed"
+                   FROM asked \
+                   WHERE held.key = asked.key \
+                     AND held.key = ANY((SELECT keys FROM locked)::text[]) \
+                     AND EXISTS (SELECT FROM {parts} WHERE {ours_asked_live}) \
+                   RETURNING held.key, \
+                             coalesce(held.waiting_until > clock_timestamp(), false) AS wanted, \
+                             ARRAY(SELECT part.fence FROM {parts} WHERE {ours_asked_live}) \
+                             AS renewed) \
+                 SELECT key, wanted, renewed, {async_commit} FROM renewed"
             ),
             release_part: format!(
                 "WITH released AS ( \
@@ -1339,20 +1413,24 @@ async fn probe(
             &release.try_acquire_part(&part),
         )
         .await?;
+    let renewal = Values {
+        keys: vec![&key],
+        ..release
+    };
     client
         .query_typed(
-            &statements.renew_part,
-            &release.renew_part(&part.key, &part_fence),
+            &statements.renew_parts,
+            &renewal.renew_parts(&vec![part_fence]),
         )
         .await?;
     client
         .query_typed(
             &statements.release_part,
-            &release.release_part(&part.key, &part_fence),
+            &renewal.release_part(&part.key, &part_fence),
         )
         .await?;
     client
-        .query_typed(&statements.release_all, &release.release_all())
+        .query_typed(&statements.release_all, &renewal.release_all())
         .await?;
     Ok(())
 }

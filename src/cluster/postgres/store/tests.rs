@@ -732,6 +732,91 @@ async fn acquisitions_renewals_and_releases_made_together_keep_their_own_answers
     assert_eq!(next_notice(&mut their_notices).await, released("t"));
 }
 
+/// Part renewals made together go to the server as one statement (`renew_parts`), two parts
+/// of one key among them: each gets its own answer, whether its key is wanted included, and
+/// only our live parts that were named are extended.
+#[tokio::test]
+async fn part_renewals_made_together_keep_their_own_answers() {
+    let prefix = "keyed_locks_test_part_renewals_";
+    let admin = fresh_table(prefix).await;
+    let lease = Duration::from_millis(900);
+    let (ours, _our_notices) = store(&sharing_config(prefix, 4, lease)).await;
+    let (theirs, _their_notices) = store(&sharing_config(prefix, 4, lease)).await;
+    async fn part(store: &PgLeaseStore, key: &str) -> Fence {
+        let taken = store.acquire_part(key, NonZeroU32::MIN).await;
+        taken.ok().flatten().expect("the part fits")
+    }
+    let ran_out = part(&ours, "c").await;
+    sleep(lease + Duration::from_millis(100)).await;
+    let (a1, a2, b, theirs_a) = (
+        part(&ours, "a").await,
+        part(&ours, "a").await,
+        part(&ours, "b").await,
+        part(&theirs, "a").await,
+    );
+    // Their whole lease of "b" is refused beside our part, and waits: "b" is wanted.
+    assert_eq!(theirs.acquire("b").await.ok(), Some(None));
+    sleep(Duration::from_millis(300)).await;
+
+    let asked = [
+        ("a", a1),
+        ("b", b),
+        ("a", a2),
+        ("c", ran_out),
+        ("a", theirs_a),
+        ("a", a2 + 100),
+        ("never", 1),
+    ];
+    let answered = futures::future::join_all(
+        asked
+            .iter()
+            .map(|&(key, fence)| ours.renew_part(key, fence)),
+    )
+    .await;
+    let renewed = |wanted| Some(Renewal::Renewed { wanted });
+    assert_eq!(
+        answers(answered),
+        [
+            renewed(false),
+            renewed(true),
+            renewed(false),
+            Some(Renewal::Lost),
+            Some(Renewal::Lost),
+            Some(Renewal::Lost),
+            Some(Renewal::Lost),
+        ]
+    );
+    // What is left of each part's lease, by the server's clock.
+    let left = |key: &'static str, fence: Fence| {
+        let statement = format!(
+            "SELECT extract(epoch FROM part.until - clock_timestamp())::float8 \
+             FROM \"{prefix}leases\" AS held, \
+                  unnest(held.part_fences, held.part_until) AS part(fence, until) \
+             WHERE held.key = $1 AND part.fence = $2"
+        );
+        let admin = &admin;
+        async move {
+            let fence = i64::try_from(fence).expect("a fence in the column's range");
+            let row = admin.query_one(&statement, &[&key, &fence]).await;
+            row.expect("the part is in its row").get::<_, f64>(0)
+        }
+    };
+    let renewed_at_least = lease.as_secs_f64() - 0.2;
+    for (key, fence) in [("a", a1), ("a", a2), ("b", b)] {
+        let left = left(key, fence).await;
+        assert!(left > renewed_at_least, "{key} {fence}: {left} s left");
+    }
+    let theirs_left = left("a", theirs_a).await;
+    assert!(
+        theirs_left < renewed_at_least,
+        "theirs was extended: {theirs_left} s left"
+    );
+    assert!(
+        left("c", ran_out).await < 0.0,
+        "a part that ran out was extended"
+    );
+}
+
 /// Each call's answer, `None` for an error.
 fn answers<T>(results: Vec<Result<T, LeaseError>>) -> Vec<Option<T>> {
     results.into_iter().map(Result::ok).collect()
@@ -1204,12 +1289,12 @@ async fn the_lease_statements_cost_too_little_for_the_server_to_compile_them() {
             .await,
         ),
         (
-            "renew_part",
+            "renew_parts",
             generic_plan_cost(
                 &admin,
-                &statements.renew_part,
-                "text, text, bigint, bigint",
-                "'a', 'me', 1000, 3",
+                &statements.renew_parts,
+                "text[], text, bigint, bigint[]",
+                "ARRAY['a', 'a'], 'me', 1000, ARRAY[3, 4]",
             )
             .await,
         ),
