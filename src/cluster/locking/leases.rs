@@ -773,7 +773,10 @@ impl<S: LeaseStore> Leases<S> {
     /// Records the answer to an `acquire_all`: `fences` in `names`' order if it took every
     /// key. Given back at once, as for a part (see `record_part_answer`), if the leases were
     /// released for shutdown or ran out before the reply came. A fence above a whole lease
-    /// this process still records for the key took its row over: that lease is lost.
+    /// this process still records for the key took its row over: that lease is lost. A
+    /// fence at or below one recorded before is stale (invariant 6): a newer statement of
+    /// ours took that row over, so the set holds none of it, and the rows it still holds go
+    /// back.
     fn record_all_answer(
         self: &Arc<Self>,
         names: &[String],
@@ -783,6 +786,12 @@ impl<S: LeaseStore> Leases<S> {
         let mut keys = self.keys();
         let closed = self.closed.load(Ordering::Relaxed);
         let late = Instant::now() >= started + self.lease;
+        let stale = fences.as_ref().is_some_and(|fences| {
+            names.iter().zip(fences).any(|(name, &fence)| {
+                keys.get(name)
+                    .is_some_and(|entry| fence <= entry.highest_fence)
+            })
+        });
         let mut owned = Vec::with_capacity(names.len());
         let mut give_back = Vec::new();
         for (at, name) in names.iter().enumerate() {
@@ -794,14 +803,20 @@ impl<S: LeaseStore> Leases<S> {
                 }
                 continue;
             };
-            entry.highest_fence = entry.highest_fence.max(fence);
+            if fence <= entry.highest_fence {
+                if entry.is_unused() {
+                    keys.remove(name);
+                }
+                continue;
+            }
+            entry.highest_fence = fence;
             // Our own statement took the row over (ours counts as free): whatever lease of
             // ours it held before, the process's or another set's, is gone.
             if let Some(held) = entry.held.take_if(|held| held.fence < fence) {
                 held.validity.send_modify(|validity| validity.lost = true);
             }
             lose_whole_leases_below(entry, fence);
-            if closed || late {
+            if closed || late || stale {
                 give_back.push((name.clone(), fence));
             } else {
                 owned.push(self.own(entry, name, fence, Kind::Whole, started));
@@ -810,6 +825,7 @@ impl<S: LeaseStore> Leases<S> {
         drop(keys);
         if let Some(fences) = &fences
             && give_back.is_empty()
+            && !stale
         {
             for (name, fence) in names.iter().zip(fences) {
                 self.record(name, LeaseEvent::Granted(*fence));

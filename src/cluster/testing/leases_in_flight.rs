@@ -209,6 +209,53 @@ async fn a_late_reply_for_an_older_fence_is_not_recorded() {
     assert_eq!(leases.counts(), (0, 0), "an entry outlived its callers");
 }
 
+/// Invariant 6, for a set: a set's reply that comes back after a newer acquisition of ours took
+/// one of its rows over is stale. No guard gets it, and the row it still holds goes back.
+#[tokio::test(start_paused = true)]
+async fn a_late_reply_to_a_set_below_a_newer_fence_of_ours_is_not_granted() {
+    let late = Arc::new(Semaphore::new(0));
+    let (leases, table) = leases(vec![Some(Hold::AfterApplying(Arc::clone(&late)))], None);
+
+    // The set's statement takes both rows (fence 1 each), but its reply is late.
+    let set = tokio::spawn({
+        let leases = Arc::clone(&leases);
+        async move {
+            let keys = vec!["a".to_owned(), "b".to_owned()];
+            let taken = leases.acquire_all(keys, Ask::Acquire).await;
+            taken.map(|owned| owned.is_some())
+        }
+    });
+    settle().await;
+
+    // A lock of "a" in this process takes its row over (ours counts as free).
+    let interest = leases.register("a");
+    let Ok(Some(lease)) = leases.acquire("a").await else {
+        panic!("the lock did not take the row");
+    };
+    assert_eq!(lease.fence, 2);
+
+    // Then the set's reply comes.
+    late.add_permits(1);
+    let granted = set.await.expect("the set's task ends");
+    assert!(
+        !matches!(granted, Ok(true)),
+        "the set was granted \"a\" under fence 1, below our fence 2"
+    );
+    settle().await;
+    assert!(
+        held_now(&table, "a"),
+        "the newer lease of \"a\" was given back"
+    );
+    assert!(
+        !held_now(&table, "b"),
+        "the stale set's row of \"b\" is still held"
+    );
+    leases.put_back("a", lease.fence);
+    drop(interest);
+    settle().await;
+    assert_eq!(leases.counts(), (0, 0), "an entry outlived its callers");
+}
+
 /// Invariant 7.
 #[tokio::test(start_paused = true)]
 async fn guards_learn_of_shutdown_before_the_release_is_sent() {
