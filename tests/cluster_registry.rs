@@ -224,6 +224,38 @@ async fn a_lease_is_released_when_the_last_local_user_goes() {
     assert_eq!(first.leases_held(), 0);
 }
 
+/// A task that takes a key again as soon as its guard drops, alone in its process, finds the
+/// lease kept: its locks and tries hand it on without a statement, under one fence, round
+/// after round while no other process wants the key. Once it stops, the lease goes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_task_locking_a_key_again_and_again_keeps_one_lease() {
+    let prefix = fresh_prefix("kl_test_linger_").await;
+    let ours = registry(&prefix, Duration::from_secs(30)).await;
+    let theirs = registry(&prefix, Duration::from_secs(30)).await;
+    let mut tokens = Vec::new();
+    for round in 0..40 {
+        let guard = if round % 2 == 0 {
+            ours.lock("k".to_owned()).await.unwrap()
+        } else {
+            ours.try_lock("k".to_owned())
+                .await
+                .expect("nobody else wants the key")
+        };
+        tokens.push(guard.fencing_token());
+    }
+    let fences: std::collections::BTreeSet<u64> = tokens.iter().map(|token| token >> 20).collect();
+    assert_eq!(fences.len(), 1, "a lease per lock: tokens {tokens:?}");
+    assert!(tokens.is_sorted() && tokens.windows(2).all(|pair| pair[0] < pair[1]));
+    // Not kept for nobody: with a 30 s lease, only its release lets the other process in.
+    let guard = timeout(Duration::from_secs(10), theirs.lock("k".to_owned()))
+        .await
+        .expect("the lease was given back once the task stopped")
+        .unwrap();
+    assert!(guard.fencing_token() >> 20 > tokens[0] >> 20);
+    drop(guard);
+    assert_eq!(ours.leases_held(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_cancelled_while_waiting_for_the_lease_leaves_nothing_behind() {
     let prefix = fresh_prefix("kl_test_cancel_").await;

@@ -45,7 +45,13 @@
 //!    release (`releasing`). No entry outlives all of them, so the map does not grow with the
 //!    keys ever used.
 //! 2. `interest` counts the local callers between the start of a `lock` and the drop of its
-//!    guard (or of the `lock` future). When it drops to zero, a lease still held is released.
+//!    guard (or of the `lock` future). When it drops to zero, a lease still held lingers: it
+//!    is released when the process next sends an acquisition, or [`IDLE_LINGER`] later,
+//!    whichever comes first, unless a local caller has come back by then (at once if another
+//!    process is known to want it). A task that takes the key again right after its guard
+//!    drops, as a loop of `lock` or `try_lock` does, uses the lease without a statement; a
+//!    task that goes on to another key sends the release with that key's acquisition, as
+//!    before.
 //! 3. A held lease is in use by at most one guard: the local registry grants the whole key to
 //!    one holder at a time, and only that holder takes the whole lease; a holder of part of
 //!    the key takes a kept part only while no guard uses it (`in_use`).
@@ -70,7 +76,7 @@
 //!    would refuse (a whole lease excludes parts, ours too), so idle ones are given back first
 //!    ([`Leases::give_back_whole`], [`Leases::give_back_parts`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -99,6 +105,10 @@ pub(crate) const HANDOFF_BITS: u32 = 20;
 /// round after round goes back when it reaches this, and the next is taken under a new fence.
 const MAX_USES_OF_A_FENCE: u32 = 1 << HANDOFF_BITS;
 
+/// How long at most the process keeps a lease that none of its callers wants any more before
+/// giving it back (invariant 2), unless it sends a statement first.
+pub(crate) const IDLE_LINGER: Duration = Duration::from_millis(1);
+
 /// How the process shares the leases among its local holders.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CohortBounds {
@@ -126,6 +136,9 @@ pub(crate) struct Leases<S> {
     bounds: CohortBounds,
     lease: Duration,
     keys: Mutex<KeyMap>,
+    /// The keys whose leases linger ([`Leases::spawn_linger`]). Taken after `keys` when both
+    /// are held.
+    lingering: Mutex<HashSet<String>>,
     /// Set by [`release_everything`](Self::release_everything): a lease taken after it is
     /// given back at once, not recorded (invariant 5). Written and read under `keys`' lock,
     /// which orders them.
@@ -138,6 +151,10 @@ pub(crate) struct Leases<S> {
     /// for its readers round after round while a writer of another process waits.
     #[cfg(test)]
     ignore_part_wanted: AtomicBool,
+    /// Another planted bug: a lease nobody in the process wants any more is kept when its
+    /// linger ends, not given back.
+    #[cfg(test)]
+    keep_unwanted: AtomicBool,
     journal: Option<LeaseJournal>,
     /// Spreads the waiters' polling (see [`Leases::poll_interval`]).
     jitter: Mutex<Jitter>,
@@ -182,9 +199,28 @@ struct KeyLease {
     /// An acquisition of ours was refused the key since our last lease of it: another
     /// process held it, so the next lease is contended from its start.
     refused: bool,
+    /// A linger of the key's idle leases is under way, since this instant
+    /// ([`Leases::spawn_linger`]).
+    lingering: Option<Instant>,
 }
 
 impl KeyLease {
+    /// Whether the process holds a lease of the key that no guard uses: the whole lease, or
+    /// an idle part.
+    fn keeps_idle_leases(&self) -> bool {
+        self.held.as_ref().is_some_and(|held| !held.in_use)
+            || self.parts.iter().any(|part| !part.in_use)
+    }
+
+    /// Marks a linger under way from now: whether none was, so that the caller starts one.
+    fn start_linger(&mut self) -> bool {
+        let starts = self.lingering.is_none();
+        if starts {
+            self.lingering = Some(Instant::now());
+        }
+        starts
+    }
+
     /// Nothing keeps the entry (invariant 1).
     fn is_unused(&self) -> bool {
         self.interest == 0
@@ -206,6 +242,7 @@ impl KeyLease {
             owned: Vec::new(),
             released: Arc::new(Notify::new()),
             refused: false,
+            lingering: None,
         }
     }
 }
@@ -352,11 +389,14 @@ impl<S: LeaseStore> Leases<S> {
             bounds,
             lease,
             keys: Mutex::new(KeyMap::default()),
+            lingering: Mutex::new(HashSet::new()),
             closed: AtomicBool::new(false),
             #[cfg(test)]
             ignore_wanted: AtomicBool::new(false),
             #[cfg(test)]
             ignore_part_wanted: AtomicBool::new(false),
+            #[cfg(test)]
+            keep_unwanted: AtomicBool::new(false),
             journal,
             jitter: Mutex::new(jitter),
             background: Mutex::new(Vec::new()),
@@ -374,6 +414,40 @@ impl<S: LeaseStore> Leases<S> {
     #[cfg(test)]
     pub(crate) fn plant_ignoring_part_wanted(&self) {
         self.ignore_part_wanted.store(true, Ordering::Relaxed);
+    }
+
+    /// Plants the simulator's bug: see `keep_unwanted`.
+    #[cfg(test)]
+    pub(crate) fn plant_keeping_unwanted(&self) {
+        self.keep_unwanted.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the planted bug is on: never in a build that is not a test.
+    fn keeps_unwanted(&self) -> bool {
+        #[cfg(test)]
+        return self.keep_unwanted.load(Ordering::Relaxed);
+        #[cfg(not(test))]
+        false
+    }
+
+    /// The leases the process keeps while nobody in it wants their key: `(key, fence, since)`
+    /// of each whole lease and idle part of a key without local callers, `since` the start of
+    /// the linger under way (none: nothing will give it back). For the simulator, which
+    /// checks that none is kept for long.
+    #[cfg(test)]
+    pub(crate) fn kept_for_nobody(&self) -> Vec<(String, Fence, Option<Instant>)> {
+        let keys = self.keys();
+        keys.iter()
+            .filter(|(_, entry)| entry.interest == 0)
+            .flat_map(|(name, entry)| {
+                entry
+                    .held
+                    .iter()
+                    .chain(&entry.parts)
+                    .filter(|held| !held.in_use)
+                    .map(|held| (name.clone(), held.fence, entry.lingering))
+            })
+            .collect()
     }
 
     /// Whether the planted bug is on: never in a build that is not a test.
@@ -626,6 +700,7 @@ impl<S: LeaseStore> Leases<S> {
     }
 
     async fn ask(self: &Arc<Self>, name: &str, ask: Ask) -> Result<Option<Lease>, AcquireFailed> {
+        self.end_lingers();
         let leases = Arc::clone(self);
         let owned_name = name.to_owned();
         self.record(name, LeaseEvent::Requested);
@@ -737,6 +812,7 @@ impl<S: LeaseStore> Leases<S> {
         names: Vec<String>,
         ask: Ask,
     ) -> Result<Option<Vec<OwnedLease>>, AcquireFailed> {
+        self.end_lingers();
         let leases = Arc::clone(self);
         {
             let mut keys = self.keys();
@@ -879,6 +955,76 @@ impl<S: LeaseStore> Leases<S> {
         self.spawn_release_of(name, fence, Kind::Whole)
     }
 
+    /// Starts the linger of `name`'s idle leases, which nobody in the process wants any more
+    /// (invariant 2): they go back [`IDLE_LINGER`] later, or before the process's next
+    /// acquisition ([`end_lingers`](Self::end_lingers)). A local caller that comes back
+    /// meanwhile finds them kept: one task taking a key again and again, or trying it, holds
+    /// the lease across its calls, as the callers of a round do. A task that moves on to
+    /// other keys sends each release with its next acquisition, in one batch, as it would
+    /// without the linger.
+    fn spawn_linger(self: &Arc<Self>, name: &str) {
+        self.lingering().insert(name.to_owned());
+        let leases = Arc::clone(self);
+        let name = name.to_owned();
+        self.runtime.spawn(async move {
+            tokio::time::sleep(IDLE_LINGER).await;
+            leases.give_back_unwanted(&name);
+        });
+    }
+
+    /// Ends every linger under way, before an acquisition is sent: the leases that nobody
+    /// wants go back now, so that a store that batches sends their releases with it.
+    fn end_lingers(self: &Arc<Self>) {
+        let names: Vec<String> = {
+            let mut lingering = self.lingering();
+            if lingering.is_empty() {
+                return;
+            }
+            lingering.drain().collect()
+        };
+        for name in names {
+            self.give_back_unwanted(&name);
+        }
+    }
+
+    fn lingering(&self) -> MutexGuard<'_, HashSet<String>> {
+        // Nothing panics while holding the lock.
+        self.lingering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ends a linger of `name`'s leases: gives back the whole lease and the idle parts if
+    /// nobody in the process wants the key now; if a caller came back, its withdrawal starts
+    /// the next linger.
+    fn give_back_unwanted(self: &Arc<Self>, name: &str) {
+        let mut keys = self.keys();
+        self.lingering().remove(name);
+        let Some(entry) = keys.get_mut(name) else {
+            return;
+        };
+        if entry.lingering.take().is_none() {
+            return;
+        }
+        if entry.interest > 0 || self.keeps_unwanted() {
+            return;
+        }
+        let mut give_back: Vec<(Fence, Kind)> = entry
+            .held
+            .take()
+            .map(|held| (held.fence, Kind::Whole))
+            .into_iter()
+            .collect();
+        give_back.extend(take_idle_parts(entry, None));
+        if entry.is_unused() {
+            keys.remove(name);
+        }
+        drop(keys);
+        for (fence, kind) in give_back {
+            self.spawn_release_of(name.to_owned(), fence, kind);
+        }
+    }
+
     /// Releases the lease `fence` of `kind` on `name`, as [`spawn_release`](Self::spawn_release).
     fn spawn_release_of(
         self: &Arc<Self>,
@@ -951,6 +1097,7 @@ impl<S: LeaseStore> Leases<S> {
         permits: NonZeroU32,
         ask: Ask,
     ) -> Result<Option<PartUse>, AcquireFailed> {
+        self.end_lingers();
         let leases = Arc::clone(self);
         let owned_name = name.to_owned();
         self.record(name, LeaseEvent::Requested);
@@ -1404,12 +1551,18 @@ impl<S: LeaseStore> LocalUsers for Leases<S> {
         let Some(entry) = keys.get_mut(name) else {
             return;
         };
-        let nobody_wants = entry.interest == 0;
         let Some(at) = entry.parts.iter().position(|part| part.fence == fence) else {
             return;
         };
         entry.parts[at].in_use = false;
-        if !(nobody_wants || entry.parts[at].must_go_back()) {
+        if !entry.parts[at].must_go_back() {
+            // Nobody in the process wants the key (a part whose acquisition's caller went
+            // away): it lingers, as in `withdraw`.
+            let linger = entry.interest == 0 && entry.start_linger();
+            drop(keys);
+            if linger {
+                self.spawn_linger(name);
+            }
             return;
         }
         let part = entry.parts.swap_remove(at);
@@ -1428,19 +1581,18 @@ impl<S: LeaseStore> LocalUsers for Leases<S> {
         if entry.interest > 0 {
             return;
         }
-        let mut give_back: Vec<(Fence, Kind)> = entry
-            .held
-            .take()
-            .map(|held| (held.fence, Kind::Whole))
-            .into_iter()
-            .collect();
-        give_back.extend(take_idle_parts(entry, None));
+        // Known wanted or lost: no reason to linger.
+        let gone = entry.held.take_if(|held| held.must_go_back());
+        let linger = entry.keeps_idle_leases() && entry.start_linger();
         if entry.is_unused() {
             keys.remove(name);
         }
         drop(keys);
-        for (fence, kind) in give_back {
-            self.spawn_release_of(name.to_owned(), fence, kind);
+        if let Some(held) = gone {
+            self.spawn_release_of(name.to_owned(), held.fence, Kind::Whole);
+        }
+        if linger {
+            self.spawn_linger(name);
         }
     }
 

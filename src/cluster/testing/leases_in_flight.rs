@@ -125,9 +125,10 @@ fn leases(
     (leases, table)
 }
 
-/// Lets the tasks the leases spawned (acquisitions, releases) run to their end.
+/// Lets the tasks the leases spawned (acquisitions, releases, the linger of a lease nobody
+/// wants) run to their end.
 async fn settle() {
-    tokio::time::sleep(Duration::from_millis(1)).await;
+    tokio::time::sleep(IDLE_LINGER + Duration::from_millis(1)).await;
 }
 
 fn held_now(table: &MemoryLeaseTable, key: &str) -> bool {

@@ -50,6 +50,12 @@ const REGRESSIONS: &[(u64, &str)] = &[
          the same process and gave them back, while that set believed it held them \
          (`leases_in_flight::a_late_set_of_ours_that_takes_the_rows_over_marks_the_older_set_lost`)",
     ),
+    (
+        1356,
+        "a lock_all reply that came back after a newer statement of the same process had taken \
+         one of its rows over was granted, below the newer fence \
+         (`leases_in_flight::a_late_reply_to_a_set_below_a_newer_fence_of_ours_is_not_granted`)",
+    ),
 ];
 
 /// How many seeds each planted bug may need before one finds it. The first finding seeds, on
@@ -66,6 +72,7 @@ const PLANTED: &[(PlantedBug, u64)] = &[
     (PlantedBug::LockAllOneByOne, 20),
     (PlantedBug::KeepsWantedLease, 20),
     (PlantedBug::KeepsWantedPart, 100),
+    (PlantedBug::KeepsUnwantedLease, 20),
 ];
 
 fn seeds() -> Range<u64> {

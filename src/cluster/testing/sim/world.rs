@@ -14,7 +14,7 @@ use super::rng::Rng;
 use super::store::{SimStore, relay_notices};
 use super::worker::{Pausable, Worker};
 use crate::cluster::locking::entropy::Jitter;
-use crate::cluster::locking::leases::{self, CohortBounds, Leases};
+use crate::cluster::locking::leases::{self, CohortBounds, IDLE_LINGER, Leases};
 use crate::cluster::locking::locks::ClusterLocks;
 use crate::cluster::testing::memory_store::MemoryLeaseTable;
 use crate::registry::builder::RegistryBuilder;
@@ -48,6 +48,9 @@ pub(crate) enum PlantedBug {
     /// Every process ignores what the store says of other processes' waiters for its part
     /// leases alone, and keeps them for its readers round after round.
     KeepsWantedPart,
+    /// Every process keeps a lease that none of its workers wants any more, where it should
+    /// give it back a turn later.
+    KeepsUnwantedLease,
 }
 
 /// What one run did.
@@ -140,10 +143,15 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
     let world = run.spawn_world_events(&processes);
     let watchdog = {
         let checker = Arc::clone(&run.checker);
+        let leases: Vec<_> = processes
+            .iter()
+            .map(|process| (Arc::clone(&process.clock), Arc::clone(&process.locks.leases)))
+            .collect();
         tokio::spawn(async move {
             loop {
-                sleep(Duration::from_millis(100)).await;
+                sleep(WATCH_EVERY).await;
                 checker.check_calls();
+                check_kept_for_nobody(&leases, &checker).await;
             }
         })
     };
@@ -244,6 +252,9 @@ impl Run {
         if self.planted == Some(PlantedBug::KeepsWantedPart) {
             leases.plant_ignoring_part_wanted();
         }
+        if self.planted == Some(PlantedBug::KeepsUnwantedLease) {
+            leases.plant_keeping_unwanted();
+        }
         leases::spawn_background(&leases, notices, HEARTBEAT);
         let locks = ClusterLocks::new(local, leases);
         let workers = (0..process_plan.workers)
@@ -324,6 +335,47 @@ impl Run {
         })
     }
 }
+
+/// How often the watchdog checks that every call ends, and that no lease is kept for nobody.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+
+/// A lease that no worker of its live process wants lingers [`IDLE_LINGER`] at most before it
+/// goes back (invariant 2 of `leases`): each one kept for nobody is in a linger, started less
+/// than [`LINGER_BOUND`] ago. The tasks queued at this instant (a linger's end among them)
+/// run first.
+async fn check_kept_for_nobody(
+    processes: &[(Arc<ProcessClock>, Arc<Leases<SimStore>>)],
+    checker: &Checker,
+) {
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+    let now = Instant::now();
+    for (clock, leases) in processes {
+        if clock.is_dead(now) {
+            continue;
+        }
+        for (key, fence, lingering) in leases.kept_for_nobody() {
+            match lingering {
+                Some(since) if now - since <= LINGER_BOUND => {}
+                Some(since) => checker.fail(format!(
+                    "{} kept its lease of {key:?} (fence {fence}) for nobody for {:?}",
+                    clock.name,
+                    now - since
+                )),
+                None => checker.fail(format!(
+                    "{} keeps its lease of {key:?} (fence {fence}) for nobody, and nothing will \
+                     give it back",
+                    clock.name
+                )),
+            }
+        }
+    }
+}
+
+/// How long past its start a linger is found still under way, at most: [`IDLE_LINGER`] and a
+/// timer's rounding to the millisecond, with room.
+const LINGER_BOUND: Duration = IDLE_LINGER.saturating_mul(10);
 
 /// Once every worker is done: no call under way, no local entry or held lease in a live
 /// process once its releases had time to land, and no live lease in the table a lease later.
