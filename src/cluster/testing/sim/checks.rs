@@ -29,6 +29,8 @@
 //!   time (its process's pauses and the clock's jumps left out): one statement's way, never
 //!   a wait for another process's release. That it never
 //!   takes a key from a waiter is checked on each reply of the store, in `store`.
+//! - **No lease kept for nobody**: a lease that no worker of its live process wants is in a
+//!   linger that started less than `LINGER_BOUND` ago (checked every 100 ms, in `world`).
 //! - The store's replies and the idle state are checked in `store` and `world`.
 
 use std::collections::BTreeMap;
