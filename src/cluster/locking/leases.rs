@@ -1346,16 +1346,30 @@ impl<S: LeaseStore> Leases<S> {
     }
 
     /// A renewal of the heartbeat said another process wants `name`: its lease `fence` goes
-    /// back at the bound, and at once if it is a part no guard uses.
+    /// back at the bound, and at once if no guard uses it. A whole lease too: a caller of this
+    /// process that wants the key may be queued locally behind one that waits for another
+    /// process (a `lock_all`), which may wait for this very key, and then no local holder
+    /// comes to give it back at the bound.
     fn learn_wanted(self: &Arc<Self>, name: &str, fence: Fence) {
-        if let Some(held) = self
-            .keys()
-            .get_mut(name)
-            .and_then(|entry| handed_off_mut(entry, fence))
-        {
-            held.wanted |= !self.ignores_wanted_of(held.kind());
+        let idle_whole = {
+            let mut keys = self.keys();
+            let Some(entry) = keys.get_mut(name) else {
+                return;
+            };
+            if let Some(held) = handed_off_mut(entry, fence) {
+                held.wanted |= !self.ignores_wanted_of(held.kind());
+            }
+            entry
+                .held
+                .take_if(|held| held.fence == fence && !held.in_use && held.must_go_back())
+        };
+        match idle_whole {
+            Some(held) => {
+                held.validity.send_modify(|validity| validity.lost = true);
+                self.spawn_release_of(name.to_owned(), fence, Kind::Whole);
+            }
+            None => self.give_back_idle_part(name, fence),
         }
-        self.give_back_idle_part(name, fence);
     }
 
     /// Gives back the part lease `fence` of `name` if the process keeps it idle and it must go

@@ -257,6 +257,36 @@ async fn a_late_reply_to_a_set_below_a_newer_fence_of_ours_is_not_granted() {
     assert_eq!(leases.counts(), (0, 0), "an entry outlived its callers");
 }
 
+/// A whole lease that no guard uses goes back once the heartbeat learns that another process
+/// wants its key, even while a caller of this process still wants the key: that caller may be
+/// queued locally behind a `lock_all` that waits for another process, which may wait for this
+/// very key (found by the simulator's seed 12261), and no local holder would come to give the
+/// lease back at its bound.
+#[tokio::test(start_paused = true)]
+async fn an_idle_lease_another_process_wants_goes_back_at_the_heartbeat() {
+    let (leases, table) = leases(vec![], None);
+    let (_sender, notices) = crate::cluster::locking::notices::channel();
+    let heartbeat = LEASE / 4;
+    spawn_background(&leases, notices, heartbeat);
+    let waiting_locally = leases.register("k");
+    let Ok(Some(lease)) = leases.acquire("k").await else {
+        panic!("the key was free");
+    };
+    leases.put_back("k", lease.fence);
+
+    // Another process asks, and is refused: the row is wanted.
+    let (other, _other_notices) = table.store(LEASE);
+    assert_eq!(other.acquire("k").await.ok(), Some(None));
+    tokio::time::sleep(heartbeat + Duration::from_millis(1)).await;
+    settle().await;
+    assert!(
+        !held_now(&table, "k"),
+        "the idle lease is kept while another process waits for it"
+    );
+    assert!(matches!(other.acquire("k").await, Ok(Some(_))));
+    drop(waiting_locally);
+}
+
 /// Invariant 7.
 #[tokio::test(start_paused = true)]
 async fn guards_learn_of_shutdown_before_the_release_is_sent() {

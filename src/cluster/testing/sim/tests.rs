@@ -56,6 +56,19 @@ const REGRESSIONS: &[(u64, &str)] = &[
          one of its rows over was granted, below the newer fence \
          (`leases_in_flight::a_late_reply_to_a_set_below_a_newer_fence_of_ours_is_not_granted`)",
     ),
+    (
+        12261,
+        "a process kept an idle whole lease that another process's lock_all was refused, \
+         because a caller of its own wanted the key but waited locally behind a lock_all of its \
+         own, which waited for the other process: a cycle of waits \
+         (`leases_in_flight::an_idle_lease_another_process_wants_goes_back_at_the_heartbeat`)",
+    ),
+    (
+        6493,
+        "the check that no lease is kept for nobody failed on a linger whose end had not run \
+         yet after a jump of the clock woke many tasks at once (an overdue linger fails only if \
+         it still is at the next check)",
+    ),
 ];
 
 /// How many seeds each planted bug may need before one finds it. The first finding seeds, on

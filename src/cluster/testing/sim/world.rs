@@ -1,6 +1,7 @@
 //! One simulated run: the table, the processes and their workers, the faults that touch the
 //! whole world (clock jumps, kills, an early shutdown), and the checks once everyone is idle.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use super::rng::Rng;
 use super::store::{SimStore, relay_notices};
 use super::worker::{Pausable, Worker};
 use crate::cluster::locking::entropy::Jitter;
+use crate::cluster::locking::lease_store::Fence;
 use crate::cluster::locking::leases::{self, CohortBounds, IDLE_LINGER, Leases};
 use crate::cluster::locking::locks::ClusterLocks;
 use crate::cluster::testing::memory_store::MemoryLeaseTable;
@@ -148,10 +150,11 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
             .map(|process| (Arc::clone(&process.clock), Arc::clone(&process.locks.leases)))
             .collect();
         tokio::spawn(async move {
+            let mut overdue = HashSet::new();
             loop {
                 sleep(WATCH_EVERY).await;
                 checker.check_calls();
-                check_kept_for_nobody(&leases, &checker).await;
+                overdue = check_kept_for_nobody(&leases, overdue, &checker).await;
             }
         })
     };
@@ -340,17 +343,21 @@ impl Run {
 const WATCH_EVERY: Duration = Duration::from_millis(100);
 
 /// A lease that no worker of its live process wants lingers [`IDLE_LINGER`] at most before it
-/// goes back (invariant 2 of `leases`): each one kept for nobody is in a linger, started less
-/// than [`LINGER_BOUND`] ago. The tasks queued at this instant (a linger's end among them)
-/// run first.
+/// goes back (invariant 2 of `leases`): each one kept for nobody is in a linger. A linger found
+/// under way past [`LINGER_BOUND`] fails the check if it still is at the next check (a jump of
+/// the clock wakes many tasks at once, and the linger's end may not have run yet at the first).
+/// Returns the lingers overdue now, for the next check.
 async fn check_kept_for_nobody(
     processes: &[(Arc<ProcessClock>, Arc<Leases<SimStore>>)],
+    overdue_before: HashSet<(String, String, Fence, Instant)>,
     checker: &Checker,
-) {
+) -> HashSet<(String, String, Fence, Instant)> {
+    // The tasks queued at this instant (a linger's end among them) run first.
     for _ in 0..4 {
         tokio::task::yield_now().await;
     }
     let now = Instant::now();
+    let mut overdue = HashSet::new();
     for (clock, leases) in processes {
         if clock.is_dead(now) {
             continue;
@@ -358,11 +365,18 @@ async fn check_kept_for_nobody(
         for (key, fence, lingering) in leases.kept_for_nobody() {
             match lingering {
                 Some(since) if now - since <= LINGER_BOUND => {}
-                Some(since) => checker.fail(format!(
-                    "{} kept its lease of {key:?} (fence {fence}) for nobody for {:?}",
-                    clock.name,
-                    now - since
-                )),
+                Some(since) => {
+                    let linger = (clock.name.clone(), key, fence, since);
+                    if overdue_before.contains(&linger) {
+                        checker.fail(format!(
+                            "{} kept its lease of {:?} (fence {fence}) for nobody for {:?}",
+                            linger.0,
+                            linger.1,
+                            now - since
+                        ));
+                    }
+                    overdue.insert(linger);
+                }
                 None => checker.fail(format!(
                     "{} keeps its lease of {key:?} (fence {fence}) for nobody, and nothing will \
                      give it back",
@@ -371,6 +385,7 @@ async fn check_kept_for_nobody(
             }
         }
     }
+    overdue
 }
 
 /// How long past its start a linger is found still under way, at most: [`IDLE_LINGER`] and a
