@@ -50,8 +50,8 @@
 //!    whichever comes first, unless a local caller has come back by then (at once if another
 //!    process is known to want it). A task that takes the key again right after its guard
 //!    drops, as a loop of `lock` or `try_lock` does, uses the lease without a statement; a
-//!    task that goes on to another key sends the release with that key's acquisition, as
-//!    before.
+//!    task that goes on to another key sends the release with that key's acquisition, in one
+//!    batch.
 //! 3. A held lease is in use by at most one guard: the local registry grants the whole key to
 //!    one holder at a time, and only that holder takes the whole lease; a holder of part of
 //!    the key takes a kept part only while no guard uses it (`in_use`).
