@@ -425,12 +425,14 @@ impl StoreCore {
         }
         Ok(batch
             .iter()
-            .map(|PartRenewal { part: (key, fence) }| match renewed.get(key) {
-                Some((wanted, fences)) if fences.contains(fence) => {
-                    Renewal::Renewed { wanted: *wanted }
-                }
-                _ => Renewal::Lost,
-            })
+            .map(
+                |PartRenewal { part: (key, fence) }| match renewed.get(key) {
+                    Some((wanted, fences)) if fences.contains(fence) => {
+                        Renewal::Renewed { wanted: *wanted }
+                    }
+                    _ => Renewal::Lost,
+                },
+            )
             .collect())
     }
 }

@@ -147,7 +147,12 @@ async fn simulate(seed: u64, planted: Option<PlantedBug>) -> Report {
         let checker = Arc::clone(&run.checker);
         let leases: Vec<_> = processes
             .iter()
-            .map(|process| (Arc::clone(&process.clock), Arc::clone(&process.locks.leases)))
+            .map(|process| {
+                (
+                    Arc::clone(&process.clock),
+                    Arc::clone(&process.locks.leases),
+                )
+            })
             .collect();
         tokio::spawn(async move {
             let mut overdue = HashSet::new();
