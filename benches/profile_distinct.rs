@@ -2,7 +2,9 @@
 //! and prints the time per pair. On a current-thread runtime by default (repeatable
 //! instruction counts); `--workers N` runs it on a multi-thread runtime with N workers, as the
 //! benchmarks do, where the idle worker also wakes up to steal. `--actor` builds the registry
-//! in actor mode (`Execution::ActorTask`).
+//! in actor mode (`Execution::ActorTask`). `--contender NAME` runs the same loop on another
+//! contender of the benchmarks (`benches/contenders/`), so that, for instance, the single-owner
+//! stand-in's instructions per pair can be set beside ours from one command.
 //!
 //! ```sh
 //! cargo bench --bench profile_distinct                  # run by cargo, built with `--release`
@@ -13,13 +15,19 @@
 //! valgrind --tool=callgrind "$binary"                   # instructions
 //! valgrind --tool=callgrind "$binary" --actor
 //! perf stat "$binary" --workers 2                       # CPU, kernel share
+//! valgrind --tool=callgrind "$binary" --contender single-owner-stand-in
 //! ```
 
 mod command_line;
+// Shared with the other benchmarks, which use the rest of it (their runtime, for one).
+#[allow(dead_code)]
+mod contenders;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
+use contenders::Contender;
 use keyed_locks::{Execution, LockError, LockRegistry};
 
 const PAIRS: u64 = 300_000;
@@ -34,8 +42,13 @@ struct Cli {
     #[arg(long, value_name = "N", value_parser = positive)]
     workers: Option<usize>,
     /// Build the registry in actor mode (`Execution::ActorTask`)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "contender")]
     actor: bool,
+    /// Run the loop on this contender of the benchmarks instead of the registry
+    /// (`single-owner-stand-in`, `lockable`, `keyed-lock`, `key-mutex`, `refcount-map`,
+    /// `naive-actor`, `floor`)
+    #[arg(long, value_name = "NAME")]
+    contender: Option<String>,
     #[command(flatten)]
     runner: command_line::Runner,
 }
@@ -44,6 +57,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli: Cli = command_line::parse();
     if !cli.runner.picks_this_program() {
         return Ok(());
+    }
+    if let Some(name) = &cli.contender {
+        return on_contender(name, cli.workers);
     }
     let execution = if cli.actor {
         Execution::ActorTask
@@ -98,6 +114,67 @@ fn on_workers(workers: usize, execution: Execution) -> Result<(), Box<dyn std::e
             "{PAIRS} lock/unlock pairs on new keys: {per_pair:?} per pair ({workers} workers)"
         );
         Ok(())
+    })
+}
+
+/// The same loop on the contender named `name`: on a current-thread runtime, or in a task of
+/// its own on `workers` workers.
+fn on_contender(name: &str, workers: Option<usize>) -> Result<(), Box<dyn std::error::Error>> {
+    let mut found = false;
+    // Every contender but ours, which run through the code above: a second caller of the
+    // registry's lock in this program would change how it is inlined, and so the instruction
+    // counts that earlier measurements are compared with.
+    for_each_contender!(@each C => {
+        if C::NAME == name {
+            found = true;
+            run_contender::<C>(workers)?;
+        }
+    }; LockablePeer, KeyedLockPeer, KeyMutexPeer, RefCountMap, NaiveActor, SingleOwner, Floor);
+    if found {
+        Ok(())
+    } else {
+        Err(format!("no contender is named {name:?}").into())
+    }
+}
+
+fn run_contender<C: Contender>(workers: Option<usize>) -> Result<(), Box<dyn std::error::Error>> {
+    let runtime = match workers {
+        None => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        Some(workers) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()?,
+    };
+    runtime.block_on(async {
+        let contender = Arc::new(C::new(PAIRS as usize));
+        let pairs = {
+            let contender = Arc::clone(&contender);
+            async move {
+                let start = Instant::now();
+                for key in 0..PAIRS {
+                    drop(contender.lock(key).await);
+                }
+                start.elapsed() / PAIRS as u32
+            }
+        };
+        // On workers, the loop runs in a task of its own, as in the benchmarks.
+        let per_pair = match workers {
+            None => pairs.await,
+            Some(_) => tokio::spawn(pairs).await?,
+        };
+        let left = contender.entries().await;
+        contender.close().await;
+        let on = workers.map_or(String::new(), |workers| format!(", {workers} workers"));
+        println!(
+            "{PAIRS} lock/unlock pairs on new keys: {per_pair:?} per pair ({name}{on})",
+            name = C::NAME
+        );
+        match left {
+            Some(0) | None => Ok(()),
+            Some(left) => Err(format!("{} left {left} entries behind", C::NAME).into()),
+        }
     })
 }
 
