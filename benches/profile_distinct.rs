@@ -16,6 +16,7 @@
 //! valgrind --tool=callgrind "$binary" --actor
 //! perf stat "$binary" --workers 2                       # CPU, kernel share
 //! valgrind --tool=callgrind "$binary" --contender single-owner-stand-in
+//! "$binary" --workers 2 --contender single-owner-stand-in --budget   # as if it took the budget
 //! ```
 
 mod command_line;
@@ -49,6 +50,10 @@ struct Cli {
     /// `naive-actor`, `floor`)
     #[arg(long, value_name = "NAME")]
     contender: Option<String>,
+    /// With `--contender`: take one unit of the task's tokio budget after each lock, as our
+    /// registry and tokio's `Mutex` do (a contender that takes none never yields in this loop)
+    #[arg(long, requires = "contender")]
+    budget: bool,
     #[command(flatten)]
     runner: command_line::Runner,
 }
@@ -59,7 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     if let Some(name) = &cli.contender {
-        return on_contender(name, cli.workers);
+        return on_contender(name, cli.workers, cli.budget);
     }
     let execution = if cli.actor {
         Execution::ActorTask
@@ -119,7 +124,11 @@ fn on_workers(workers: usize, execution: Execution) -> Result<(), Box<dyn std::e
 
 /// The same loop on the contender named `name`: on a current-thread runtime, or in a task of
 /// its own on `workers` workers.
-fn on_contender(name: &str, workers: Option<usize>) -> Result<(), Box<dyn std::error::Error>> {
+fn on_contender(
+    name: &str,
+    workers: Option<usize>,
+    budget: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
     let mut found = false;
     // Every contender but ours, which run through the code above: a second caller of the
     // registry's lock in this program would change how it is inlined, and so the instruction
@@ -127,7 +136,7 @@ fn on_contender(name: &str, workers: Option<usize>) -> Result<(), Box<dyn std::e
     for_each_contender!(@each C => {
         if C::NAME == name {
             found = true;
-            run_contender::<C>(workers)?;
+            run_contender::<C>(workers, budget)?;
         }
     }; LockablePeer, KeyedLockPeer, KeyMutexPeer, RefCountMap, NaiveActor, SingleOwner, Floor);
     if found {
@@ -137,7 +146,10 @@ fn on_contender(name: &str, workers: Option<usize>) -> Result<(), Box<dyn std::e
     }
 }
 
-fn run_contender<C: Contender>(workers: Option<usize>) -> Result<(), Box<dyn std::error::Error>> {
+fn run_contender<C: Contender>(
+    workers: Option<usize>,
+    budget: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
     let runtime = match workers {
         None => tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -155,6 +167,9 @@ fn run_contender<C: Contender>(workers: Option<usize>) -> Result<(), Box<dyn std
                 let start = Instant::now();
                 for key in 0..PAIRS {
                     drop(contender.lock(key).await);
+                    if budget {
+                        tokio::task::coop::consume_budget().await;
+                    }
                 }
                 start.elapsed() / PAIRS as u32
             }
@@ -166,7 +181,10 @@ fn run_contender<C: Contender>(workers: Option<usize>) -> Result<(), Box<dyn std
         };
         let left = contender.entries().await;
         contender.close().await;
-        let on = workers.map_or(String::new(), |workers| format!(", {workers} workers"));
+        let mut on = workers.map_or(String::new(), |workers| format!(", {workers} workers"));
+        if budget {
+            on.push_str(", a unit of budget per lock");
+        }
         println!(
             "{PAIRS} lock/unlock pairs on new keys: {per_pair:?} per pair ({name}{on})",
             name = C::NAME
