@@ -250,3 +250,66 @@ fn loom_shutdown_against_a_step_in_progress() {
         ));
     });
 }
+
+/// A poll against the grant it waits for: the waiting future polls its slot, with a waker other
+/// than the one it started with, while the holder's release grants it. Whichever comes first,
+/// the poll either finds the grant or leaves its waker for the grant to wake, and the next poll
+/// finds it.
+#[test]
+fn loom_poll_against_grant() {
+    in_both_modes(|execution| {
+        let shard = shard(execution);
+        let held = hold_free_key(&shard, 1);
+        let (_, first_waker) = flag();
+        let waiting = wait_for_held_key(&shard, 1, &first_waker);
+        serve_as_actor(&shard);
+
+        let releaser = on_thread(&shard, move |shard| {
+            shard.release(held.waiter_id);
+            serve_as_actor(shard);
+        });
+        let (polled_woken, polled_waker) = flag();
+        let first = shard.poll_grant(waiting, &mut Context::from_waker(&polled_waker));
+        releaser.join().unwrap();
+        serve_as_actor(&shard);
+        let granted = match first {
+            Poll::Ready(Ok(granted)) => granted,
+            Poll::Pending => {
+                assert!(
+                    polled_woken.woken(),
+                    "the grant woke the waker the poll left"
+                );
+                match poll(&shard, waiting) {
+                    Poll::Ready(Ok(granted)) => granted,
+                    other => panic!("the release passed the key on: {other:?}"),
+                }
+            }
+            other => panic!("an open shard answered {other:?}"),
+        };
+        assert_eq!(granted.fencing_token, 2);
+        let_go_and_find_nothing_left(&shard, granted);
+    });
+}
+
+/// Giving up against a close: a waiter's future is dropped (its slot removed and its cancel
+/// sent) while the shard closes. Whatever the order, neither side panics or deadlocks, and the
+/// closed shard refuses every later call.
+#[test]
+fn loom_give_up_against_close() {
+    in_both_modes(|execution| {
+        let shard = shard(execution);
+        hold_free_key(&shard, 1);
+        let (_, waker) = flag();
+        // In actor mode this request is still in the inbox when the threads start.
+        let gives_up = wait_for_held_key(&shard, 1, &waker);
+
+        let closer = on_thread(&shard, |shard| shard.close());
+        shard.abandon(gives_up);
+        closer.join().unwrap();
+        serve_as_actor(&shard);
+        assert!(matches!(
+            shard.start(acquire(2), &waker),
+            Started::Refused(NotGranted::Closed)
+        ));
+    });
+}
