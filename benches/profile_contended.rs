@@ -1,21 +1,28 @@
 //! The `spread` and `hot` workloads of the benchmarks as one program, for profilers and for
 //! trying changes quickly: 512 tasks on a 2-worker runtime, 600 lock/unlock pairs each, a
 //! `yield_now` inside every critical section, over 10,000 keys (or one key with `--hot`).
-//! Prints the time per pair. `--actor` builds the registry in actor mode.
+//! Prints the time per pair. `--actor` builds the registry in actor mode; `--contender NAME`
+//! runs the same tasks on another contender of the benchmarks (`benches/contenders/`), so that
+//! a profile of ours can be set beside one of the single-owner stand-in, say.
 //!
 //! ```sh
 //! cargo bench --bench profile_contended                 # spread
 //! cargo bench --bench profile_contended -- --hot        # one key
 //! cargo bench --bench profile_contended -- --actor
+//! cargo bench --bench profile_contended -- --contender single-owner-stand-in
 //! cargo bench --no-run --bench profile_contended        # build only; prints the binary's path
 //! ```
 
 mod command_line;
+// Shared with the other benchmarks, which use the rest of it.
+#[allow(dead_code)]
+mod contenders;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
+use contenders::Contender;
 use keyed_locks::{Execution, LockError, LockRegistry};
 
 const TASKS: u64 = 512;
@@ -32,16 +39,29 @@ struct Cli {
     #[arg(long)]
     hot: bool,
     /// Build the registry in actor mode (`Execution::ActorTask`)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "contender")]
     actor: bool,
+    /// Run the tasks on this contender of the benchmarks instead of the registry
+    /// (`single-owner-stand-in`, `lockable`, `keyed-lock`, `key-mutex`, `refcount-map`,
+    /// `naive-actor`, `floor`)
+    #[arg(long, value_name = "NAME")]
+    contender: Option<String>,
     #[command(flatten)]
     runner: command_line::Runner,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let Cli { hot, actor, runner } = command_line::parse();
+    let Cli {
+        hot,
+        actor,
+        contender,
+        runner,
+    } = command_line::parse();
     if !runner.picks_this_program() {
         return Ok(());
+    }
+    if let Some(name) = contender {
+        return on_contender(&name, hot);
     }
     let execution = if actor {
         Execution::ActorTask
@@ -59,13 +79,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let registry = Arc::clone(&registry);
                 tokio::spawn(async move {
                     // xorshift, seeded by the task number, as the benchmarks' `spread` does.
-                    let mut state = task.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                    let mut keys = keys(task, hot);
                     for _ in 0..PAIRS_PER_TASK {
-                        state ^= state << 13;
-                        state ^= state >> 7;
-                        state ^= state << 17;
-                        let key = if hot { 0 } else { state % KEYS };
-                        let guard = registry.lock(key).await?;
+                        let guard = registry.lock(keys.next_key()).await?;
                         tokio::task::yield_now().await;
                         drop(guard);
                     }
@@ -78,7 +94,89 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok::<_, Box<dyn std::error::Error>>(start.elapsed() / (TASKS * PAIRS_PER_TASK) as u32)
     })?;
-    let workload = if hot { "one key" } else { "10,000 keys" };
-    println!("{TASKS} tasks x {PAIRS_PER_TASK} pairs over {workload}: {per_pair:?} per pair");
+    print_result(hot, per_pair, "keyed-locks");
     Ok(())
+}
+
+/// The keys one task locks in turn.
+struct Keys {
+    state: u64,
+    hot: bool,
+}
+
+/// Task `task`'s keys: xorshift, seeded by the task number, as the benchmarks' `spread` does.
+fn keys(task: u64, hot: bool) -> Keys {
+    Keys {
+        state: task.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+        hot,
+    }
+}
+
+impl Keys {
+    fn next_key(&mut self) -> u64 {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        if self.hot { 0 } else { self.state % KEYS }
+    }
+}
+
+fn print_result(hot: bool, per_pair: Duration, name: &str) {
+    let workload = if hot { "one key" } else { "10,000 keys" };
+    println!(
+        "{TASKS} tasks x {PAIRS_PER_TASK} pairs over {workload}: {per_pair:?} per pair ({name})"
+    );
+}
+
+/// The same tasks on the contender named `name`.
+fn on_contender(name: &str, hot: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let mut found = false;
+    // Every contender but ours, which run through the code above, so that its profile stays
+    // comparable with earlier ones.
+    for_each_contender!(@each C => {
+        if C::NAME == name {
+            found = true;
+            run_contender::<C>(hot)?;
+        }
+    }; LockablePeer, KeyedLockPeer, KeyMutexPeer, RefCountMap, NaiveActor, SingleOwner, Floor);
+    if found {
+        Ok(())
+    } else {
+        Err(format!("no contender is named {name:?}").into())
+    }
+}
+
+fn run_contender<C: Contender>(hot: bool) -> Result<(), Box<dyn std::error::Error>> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let contender = Arc::new(C::new(KEYS as usize));
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|task| {
+                let contender = Arc::clone(&contender);
+                tokio::spawn(async move {
+                    let mut keys = keys(task, hot);
+                    for _ in 0..PAIRS_PER_TASK {
+                        let guard = contender.lock(keys.next_key()).await;
+                        tokio::task::yield_now().await;
+                        drop(guard);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await?;
+        }
+        let per_pair = start.elapsed() / (TASKS * PAIRS_PER_TASK) as u32;
+        let left = contender.entries().await;
+        contender.close().await;
+        print_result(hot, per_pair, C::NAME);
+        match left {
+            Some(0) | None => Ok(()),
+            Some(left) => Err(format!("{} left {left} entries behind", C::NAME).into()),
+        }
+    })
 }
