@@ -22,8 +22,11 @@
 //! ```
 //!
 //! It prints one line per run (goodput per contender, ours over the best peer of the run),
-//! then per contender the min, median and max, and for ours the ratios to the best peer of
-//! the same run: their distribution and the worst run. It writes everything, every run's rates
+//! then per contender the min, median and max, two signs of a run that collapsed (the share
+//! of the storm's successes that came only when their timeout was due, and how long a storm
+//! task held its key across its `yield_now`, which is how long the workers' run queues are),
+//! and for ours the ratios to the best peer of the same run: their distribution and the worst
+//! run. It writes everything, every run's rates
 //! included, to `target/bench-report/timeout_storm.json`.
 
 mod command_line;
@@ -83,6 +86,12 @@ struct Cli {
 struct RunResult {
     acquisitions: u64,
     timeouts: u64,
+    /// The storm's successful acquisitions (not the holders') and, of them, those answered
+    /// when their timeout was already due: the timeout's last poll of the lock found the grant.
+    storm_acquisitions: u64,
+    at_deadline: u64,
+    /// The time the storm's successful tasks held their key across the `yield_now`, summed.
+    held: Duration,
     elapsed: Duration,
     /// The context switches of this process's threads during the run (Linux only).
     switches: Option<ContextSwitches>,
@@ -135,6 +144,25 @@ impl RunResult {
     fn goodput(&self) -> f64 {
         self.acquisitions as f64 / self.elapsed.as_secs_f64()
     }
+
+    /// The share of the storm's successes that came when their timeout was due.
+    fn at_deadline_share(&self) -> f64 {
+        self.at_deadline as f64 / self.storm_acquisitions.max(1) as f64
+    }
+
+    /// How long a storm task held its key across its `yield_now`, on average, in µs.
+    fn mean_hold_micros(&self) -> f64 {
+        self.held.as_secs_f64() * 1e6 / self.storm_acquisitions.max(1) as f64
+    }
+}
+
+/// What the storm's tasks counted, summed over them.
+#[derive(Debug, Default)]
+struct StormCounts {
+    acquisitions: AtomicU64,
+    timeouts: AtomicU64,
+    at_deadline: AtomicU64,
+    held_nanos: AtomicU64,
 }
 
 /// One run of a contender, numbered by its argument.
@@ -146,33 +174,41 @@ type Finish = Box<dyn FnOnce()>;
 /// Runs the storm once on the current runtime.
 async fn storm<C: Contender>(contender: &Arc<C>, run: u64, storm_tasks: u64) -> RunResult {
     let holders_done = Arc::new(AtomicBool::new(false));
-    let acquisitions = Arc::new(AtomicU64::new(0));
-    let timeouts = Arc::new(AtomicU64::new(0));
+    let counts = Arc::new(StormCounts::default());
     let switches_before = ContextSwitches::now();
     let start = Instant::now();
     let storm_tasks: Vec<_> = (0..storm_tasks)
         .map(|task| {
             let contender = Arc::clone(contender);
             let holders_done = Arc::clone(&holders_done);
-            let acquisitions = Arc::clone(&acquisitions);
-            let timeouts = Arc::clone(&timeouts);
+            let counts = Arc::clone(&counts);
             tokio::spawn(async move {
                 let mut rng = StdRng::seed_from_u64(run << 32 | task);
-                let (mut acquired, mut timed_out) = (0, 0);
+                let (mut acquired, mut timed_out, mut at_deadline) = (0, 0, 0);
+                let mut held = Duration::ZERO;
                 while !holders_done.load(Ordering::Relaxed) {
                     let key = rng.random_range(0..KEYS);
                     let limit = Duration::from_micros(rng.random_range(TIMEOUT_MICROS));
+                    let asked = Instant::now();
                     match tokio::time::timeout(limit, contender.lock(key)).await {
                         Ok(guard) => {
+                            let answered = Instant::now();
+                            if answered - asked >= limit {
+                                at_deadline += 1;
+                            }
                             tokio::task::yield_now().await;
                             drop(guard);
+                            held += answered.elapsed();
                             acquired += 1;
                         }
                         Err(_elapsed) => timed_out += 1,
                     }
                 }
-                acquisitions.fetch_add(acquired, Ordering::Relaxed);
-                timeouts.fetch_add(timed_out, Ordering::Relaxed);
+                counts.acquisitions.fetch_add(acquired, Ordering::Relaxed);
+                counts.timeouts.fetch_add(timed_out, Ordering::Relaxed);
+                counts.at_deadline.fetch_add(at_deadline, Ordering::Relaxed);
+                let held_nanos = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
+                counts.held_nanos.fetch_add(held_nanos, Ordering::Relaxed);
             })
         })
         .collect();
@@ -195,9 +231,13 @@ async fn storm<C: Contender>(contender: &Arc<C>, run: u64, storm_tasks: u64) -> 
     for task in storm_tasks {
         task.await.expect("storm task panicked");
     }
+    let storm_acquisitions = counts.acquisitions.load(Ordering::Relaxed);
     RunResult {
-        acquisitions: acquisitions.load(Ordering::Relaxed) + KEYS * u64::from(HOLDS_PER_KEY),
-        timeouts: timeouts.load(Ordering::Relaxed),
+        acquisitions: storm_acquisitions + KEYS * u64::from(HOLDS_PER_KEY),
+        timeouts: counts.timeouts.load(Ordering::Relaxed),
+        storm_acquisitions,
+        at_deadline: counts.at_deadline.load(Ordering::Relaxed),
+        held: Duration::from_nanos(counts.held_nanos.load(Ordering::Relaxed)),
         elapsed: start.elapsed(),
         switches: ContextSwitches::now()
             .zip(switches_before)
@@ -373,8 +413,9 @@ fn main() {
 fn print_summary(measured: &Measured, runs: u64) {
     println!(
         "\nGoodput, successful acquisitions per second over {runs} runs:\n\n\
-         | contender | min | median | max | timeouts per run (median) | preempted per run (median) |\n\
-         |---|--:|--:|--:|--:|--:|"
+         | contender | min | median | max | timeouts per run (median) | successes at the deadline \
+         (median share) | held across the yield (median of means) | preempted per run (median) |\n\
+         |---|--:|--:|--:|--:|--:|--:|--:|"
     );
     for (index, name) in measured.names.iter().enumerate() {
         let goodputs = measured.goodputs(index);
@@ -393,10 +434,20 @@ fn print_summary(measured: &Measured, runs: u64) {
         } else {
             format!("{:.0}", median(&preempted))
         };
+        let at_deadline: Vec<f64> = measured.results[index]
+            .iter()
+            .map(RunResult::at_deadline_share)
+            .collect();
+        let held: Vec<f64> = measured.results[index]
+            .iter()
+            .map(RunResult::mean_hold_micros)
+            .collect();
         println!(
-            "| {name} | {low:.0} | {:.0} | {high:.0} | {:.0} | {preempted} |",
+            "| {name} | {low:.0} | {:.0} | {high:.0} | {:.0} | {:.2} | {:.0} µs | {preempted} |",
             median(&goodputs),
-            median(&timeouts)
+            median(&timeouts),
+            median(&at_deadline),
+            median(&held)
         );
     }
     for name in OURS {
@@ -439,6 +490,9 @@ fn write_json(measured: &Measured, runs: u64) {
                         "goodput": result.goodput(),
                         "acquisitions": result.acquisitions,
                         "timeouts": result.timeouts,
+                        "storm_acquisitions": result.storm_acquisitions,
+                        "at_deadline": result.at_deadline,
+                        "mean_hold_micros": result.mean_hold_micros(),
                         "seconds": result.elapsed.as_secs_f64(),
                         "voluntary_switches": result.switches.map(|switches| switches.voluntary),
                         "preempted": result.switches.map(|switches| switches.preempted),
