@@ -2,8 +2,9 @@
 //! trying changes quickly: 512 tasks on a 2-worker runtime, 600 lock/unlock pairs each, a
 //! `yield_now` inside every critical section, over 10,000 keys (or one key with `--hot`).
 //! Prints the time per pair. `--actor` builds the registry in actor mode; `--contender NAME`
-//! runs the same tasks on another contender of the benchmarks (`benches/contenders/`), so that
-//! a profile of ours can be set beside one of the single-owner stand-in, say.
+//! runs the same tasks on any contender of the benchmarks (`benches/contenders/`, the registry
+//! included), so that a profile of ours can be set beside one of the single-owner stand-in,
+//! say.
 //!
 //! ```sh
 //! cargo bench --bench profile_contended                 # spread
@@ -19,11 +20,10 @@ mod command_line;
 mod contenders;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::Parser;
 use contenders::Contender;
-use keyed_locks::{Execution, LockError, LockRegistry};
 
 const TASKS: u64 = 512;
 const PAIRS_PER_TASK: u64 = 600;
@@ -41,9 +41,9 @@ struct Cli {
     /// Build the registry in actor mode (`Execution::ActorTask`)
     #[arg(long, conflicts_with = "contender")]
     actor: bool,
-    /// Run the tasks on this contender of the benchmarks instead of the registry
-    /// (`single-owner-stand-in`, `lockable`, `keyed-lock`, `key-mutex`, `refcount-map`,
-    /// `naive-actor`, `floor`)
+    /// Run the tasks on this contender of the benchmarks instead of the default registry
+    /// (`keyed-locks-8-shards`, `single-owner-stand-in`, `lockable`, `keyed-lock`, `key-mutex`,
+    /// `refcount-map`, `naive-actor`, `floor`, ...)
     #[arg(long, value_name = "NAME")]
     contender: Option<String>,
     #[command(flatten)]
@@ -60,59 +60,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !runner.picks_this_program() {
         return Ok(());
     }
-    if let Some(name) = contender {
-        return on_contender(&name, hot);
-    }
-    let execution = if actor {
-        Execution::ActorTask
-    } else {
-        Execution::RunOnCaller
+    let name = match (contender, actor) {
+        (Some(name), _) => name,
+        (None, true) => contenders::OursActorMode::NAME.to_owned(),
+        (None, false) => contenders::Ours::NAME.to_owned(),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()?;
-    let per_pair = runtime.block_on(async {
-        let registry = Arc::new(LockRegistry::<u64>::builder().execution(execution).spawn());
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|task| {
-                let registry = Arc::clone(&registry);
-                tokio::spawn(async move {
-                    // xorshift, seeded by the task number, as the benchmarks' `spread` does.
-                    let mut keys = keys(task, hot);
-                    for _ in 0..PAIRS_PER_TASK {
-                        let guard = registry.lock(keys.next_key()).await?;
-                        tokio::task::yield_now().await;
-                        drop(guard);
-                    }
-                    Ok::<_, LockError>(())
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await??;
+    let mut found = false;
+    for_each_contender!(C => {
+        if C::NAME == name {
+            found = true;
+            run::<C>(hot)?;
         }
-        Ok::<_, Box<dyn std::error::Error>>(start.elapsed() / (TASKS * PAIRS_PER_TASK) as u32)
-    })?;
-    print_result(hot, per_pair, "keyed-locks");
-    Ok(())
+    });
+    if found {
+        Ok(())
+    } else {
+        Err(format!("no contender is named {name:?}").into())
+    }
 }
 
-/// The keys one task locks in turn.
+/// The keys one task locks in turn: xorshift, seeded by the task number, as the benchmarks'
+/// `spread` does; always key 0 for `hot`.
 struct Keys {
     state: u64,
     hot: bool,
 }
 
-/// Task `task`'s keys: xorshift, seeded by the task number, as the benchmarks' `spread` does.
-fn keys(task: u64, hot: bool) -> Keys {
-    Keys {
-        state: task.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
-        hot,
-    }
-}
-
 impl Keys {
+    fn for_task(task: u64, hot: bool) -> Self {
+        Keys {
+            state: task.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+            hot,
+        }
+    }
+
     fn next_key(&mut self) -> u64 {
         self.state ^= self.state << 13;
         self.state ^= self.state >> 7;
@@ -121,32 +102,9 @@ impl Keys {
     }
 }
 
-fn print_result(hot: bool, per_pair: Duration, name: &str) {
-    let workload = if hot { "one key" } else { "10,000 keys" };
-    println!(
-        "{TASKS} tasks x {PAIRS_PER_TASK} pairs over {workload}: {per_pair:?} per pair ({name})"
-    );
-}
-
-/// The same tasks on the contender named `name`.
-fn on_contender(name: &str, hot: bool) -> Result<(), Box<dyn std::error::Error>> {
-    let mut found = false;
-    // Every contender but ours, which run through the code above, so that its profile stays
-    // comparable with earlier ones.
-    for_each_contender!(@each C => {
-        if C::NAME == name {
-            found = true;
-            run_contender::<C>(hot)?;
-        }
-    }; LockablePeer, KeyedLockPeer, KeyMutexPeer, RefCountMap, NaiveActor, SingleOwner, Floor);
-    if found {
-        Ok(())
-    } else {
-        Err(format!("no contender is named {name:?}").into())
-    }
-}
-
-fn run_contender<C: Contender>(hot: bool) -> Result<(), Box<dyn std::error::Error>> {
+/// The tasks on contender `C`, on a 2-worker runtime; prints the time per pair and fails if
+/// the contender keeps an entry afterwards.
+fn run<C: Contender>(hot: bool) -> Result<(), Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -158,7 +116,7 @@ fn run_contender<C: Contender>(hot: bool) -> Result<(), Box<dyn std::error::Erro
             .map(|task| {
                 let contender = Arc::clone(&contender);
                 tokio::spawn(async move {
-                    let mut keys = keys(task, hot);
+                    let mut keys = Keys::for_task(task, hot);
                     for _ in 0..PAIRS_PER_TASK {
                         let guard = contender.lock(keys.next_key()).await;
                         tokio::task::yield_now().await;
@@ -173,7 +131,11 @@ fn run_contender<C: Contender>(hot: bool) -> Result<(), Box<dyn std::error::Erro
         let per_pair = start.elapsed() / (TASKS * PAIRS_PER_TASK) as u32;
         let left = contender.entries().await;
         contender.close().await;
-        print_result(hot, per_pair, C::NAME);
+        let workload = if hot { "one key" } else { "10,000 keys" };
+        println!(
+            "{TASKS} tasks x {PAIRS_PER_TASK} pairs over {workload}: {per_pair:?} per pair ({})",
+            C::NAME
+        );
         match left {
             Some(0) | None => Ok(()),
             Some(left) => Err(format!("{} left {left} entries behind", C::NAME).into()),

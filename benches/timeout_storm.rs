@@ -26,8 +26,8 @@
 //! of the storm's successes that came only when their timeout was due, and how long a storm
 //! task held its key across its `yield_now`, which is how long the workers' run queues are),
 //! and for ours the ratios to the best peer of the same run: their distribution and the worst
-//! run. It writes everything, every run's rates
-//! included, to `target/bench-report/timeout_storm.json`.
+//! run. It writes everything, every run's rates included, to
+//! `target/bench-report/timeout_storm.json`.
 
 mod command_line;
 mod contenders;
@@ -87,7 +87,8 @@ struct RunResult {
     acquisitions: u64,
     timeouts: u64,
     /// The storm's successful acquisitions (not the holders') and, of them, those answered
-    /// when their timeout was already due: the timeout's last poll of the lock found the grant.
+    /// when their timeout was already due (mostly the timeout's own last poll of the lock
+    /// finding the grant there).
     storm_acquisitions: u64,
     at_deadline: u64,
     /// The time the storm's successful tasks held their key across the `yield_now`, summed.
