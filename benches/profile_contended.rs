@@ -1,5 +1,5 @@
 //! The `spread` and `hot` workloads of the benchmarks as one program, for profilers and for
-//! trying changes quickly: 512 tasks on a 2-worker runtime, 600 lock/unlock pairs each, a
+//! trying changes quickly: 512 tasks on a 2-worker runtime (`--workers N`), 600 lock/unlock pairs each, a
 //! `yield_now` inside every critical section, over 10,000 keys (or one key with `--hot`).
 //! Prints the time per pair. `--actor` builds the registry in actor mode; `--contender NAME`
 //! runs the same tasks on any contender of the benchmarks (`benches/contenders/`, the registry
@@ -11,6 +11,7 @@
 //! cargo bench --bench profile_contended -- --hot        # one key
 //! cargo bench --bench profile_contended -- --actor
 //! cargo bench --bench profile_contended -- --contender single-owner-stand-in
+//! cargo bench --bench profile_contended -- --workers 1   # no second core, no lock contention
 //! cargo bench --no-run --bench profile_contended        # build only; prints the binary's path
 //! ```
 
@@ -19,6 +20,7 @@ mod command_line;
 #[allow(dead_code)]
 mod contenders;
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,12 +40,16 @@ struct Cli {
     /// Lock one key instead of 10,000 (the `hot` workload)
     #[arg(long)]
     hot: bool,
+    /// Worker threads of the runtime; 1 takes the other core's caches and the shard's lock
+    /// contention out of the figure
+    #[arg(long, value_name = "N", default_value = "2")]
+    workers: NonZeroUsize,
     /// Build the registry in actor mode (`Execution::ActorTask`)
     #[arg(long, conflicts_with = "contender")]
     actor: bool,
     /// Run the tasks on this contender of the benchmarks instead of the default registry
-    /// (`keyed-locks-8-shards`, `single-owner-stand-in`, `lockable`, `keyed-lock`, `key-mutex`,
-    /// `refcount-map`, `naive-actor`, `floor`, ...)
+    /// (`keyed-locks-8-shards`, `single-owner-stand-in`, `single-owner-owned`, `lockable`,
+    /// `keyed-lock`, `key-mutex`, `refcount-map`, `naive-actor`, `floor`, ...)
     #[arg(long, value_name = "NAME")]
     contender: Option<String>,
     #[command(flatten)]
@@ -53,6 +59,7 @@ struct Cli {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let Cli {
         hot,
+        workers,
         actor,
         contender,
         runner,
@@ -69,7 +76,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for_each_contender!(C => {
         if C::NAME == name {
             found = true;
-            run::<C>(hot)?;
+            run::<C>(hot, workers)?;
         }
     });
     if found {
@@ -102,11 +109,11 @@ impl Keys {
     }
 }
 
-/// The tasks on contender `C`, on a 2-worker runtime; prints the time per pair and fails if
-/// the contender keeps an entry afterwards.
-fn run<C: Contender>(hot: bool) -> Result<(), Box<dyn std::error::Error>> {
+/// The tasks on contender `C`, on a runtime of `workers` workers; prints the time per pair and
+/// fails if the contender keeps an entry afterwards.
+fn run<C: Contender>(hot: bool, workers: NonZeroUsize) -> Result<(), Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers.get())
         .enable_all()
         .build()?;
     runtime.block_on(async {
@@ -133,8 +140,9 @@ fn run<C: Contender>(hot: bool) -> Result<(), Box<dyn std::error::Error>> {
         contender.close().await;
         let workload = if hot { "one key" } else { "10,000 keys" };
         println!(
-            "{TASKS} tasks x {PAIRS_PER_TASK} pairs over {workload}: {per_pair:?} per pair ({})",
-            C::NAME
+            "{TASKS} tasks x {PAIRS_PER_TASK} pairs over {workload}: {per_pair:?} per pair ({}, {} workers)",
+            C::NAME,
+            workers
         );
         match left {
             Some(0) | None => Ok(()),

@@ -17,6 +17,7 @@
 //! perf stat "$binary" --workers 2                       # CPU, kernel share
 //! valgrind --tool=callgrind "$binary" --contender single-owner-stand-in
 //! "$binary" --workers 2 --contender single-owner-stand-in --budget   # as if it took the budget
+//! "$binary" --workers 2 --contender single-owner-owned   # owned guard and budget
 //! ```
 
 mod command_line;
@@ -46,8 +47,8 @@ struct Cli {
     #[arg(long, conflicts_with = "contender")]
     actor: bool,
     /// Run the loop on this contender of the benchmarks instead of the registry
-    /// (`single-owner-stand-in`, `lockable`, `keyed-lock`, `key-mutex`, `refcount-map`,
-    /// `naive-actor`, `floor`)
+    /// (`single-owner-stand-in`, `single-owner-owned`, `lockable`, `keyed-lock`, `key-mutex`,
+    /// `refcount-map`, `naive-actor`, `floor`)
     #[arg(long, value_name = "NAME")]
     contender: Option<String>,
     /// With `--contender`: take one unit of the task's tokio budget after each lock, as our
@@ -138,7 +139,7 @@ fn on_contender(
             found = true;
             run_contender::<C>(workers, budget)?;
         }
-    }; LockablePeer, KeyedLockPeer, KeyMutexPeer, RefCountMap, NaiveActor, SingleOwner, Floor);
+    }; LockablePeer, KeyedLockPeer, KeyMutexPeer, RefCountMap, NaiveActor, SingleOwner, SingleOwnerOwned, Floor);
     if found {
         Ok(())
     } else {

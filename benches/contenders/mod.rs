@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use lockable::{AsyncLimit, InfallibleUnwrap, Lockable, LockableHashMap};
 
 mod single_owner;
-pub use single_owner::SingleOwner;
+pub use single_owner::{SingleOwner, SingleOwnerOwned};
 
 /// One implementation of per-key async locks.
 pub trait Contender: Send + Sync + Sized + 'static {
@@ -370,7 +370,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 macro_rules! for_each_contender {
     ($c:ident => $body:expr) => {
         $crate::for_each_contender!(@each $c => $body;
-            Ours, OursActorMode, OursSharded, LockablePeer, KeyedLockPeer, KeyMutexPeer, RefCountMap, NaiveActor, SingleOwner, Floor)
+            Ours, OursActorMode, OursSharded, LockablePeer, KeyedLockPeer, KeyMutexPeer, RefCountMap, NaiveActor, SingleOwner, SingleOwnerOwned, Floor)
     };
     (@each $c:ident => $body:expr; $($contender:ident),*) => {{
         $({
