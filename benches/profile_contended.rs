@@ -1,6 +1,7 @@
 //! The `spread` and `hot` workloads of the benchmarks as one program, for profilers and for
-//! trying changes quickly: 512 tasks on a 2-worker runtime (`--workers N`), 600 lock/unlock pairs each, a
-//! `yield_now` inside every critical section, over 10,000 keys (or one key with `--hot`).
+//! trying changes quickly: 512 tasks on a 2-worker runtime (`--workers N`), 600 lock/unlock
+//! pairs each, a `yield_now` inside every critical section, over 10,000 keys (or one key with
+//! `--hot`).
 //! Prints the time per pair. `--actor` builds the registry in actor mode; `--contender NAME`
 //! runs the same tasks on any contender of the benchmarks (`benches/contenders/`, the registry
 //! included), so that a profile of ours can be set beside one of the single-owner stand-in,
@@ -31,9 +32,9 @@ const TASKS: u64 = 512;
 const PAIRS_PER_TASK: u64 = 600;
 const KEYS: u64 = 10_000;
 
-/// The `spread` and `hot` workloads of the benchmarks as one program: 512 tasks on a 2-worker
-/// runtime, 600 lock/unlock pairs each, a `yield_now` inside every critical section, over
-/// 10,000 keys. Prints the time per pair.
+/// The `spread` and `hot` workloads of the benchmarks as one program: 512 tasks on a runtime of
+/// 2 workers (or `--workers N`), 600 lock/unlock pairs each, a `yield_now` inside every
+/// critical section, over 10,000 keys. Prints the time per pair.
 #[derive(Debug, Parser)]
 #[command(args_override_self = true)]
 struct Cli {
@@ -140,9 +141,8 @@ fn run<C: Contender>(hot: bool, workers: NonZeroUsize) -> Result<(), Box<dyn std
         contender.close().await;
         let workload = if hot { "one key" } else { "10,000 keys" };
         println!(
-            "{TASKS} tasks x {PAIRS_PER_TASK} pairs over {workload}: {per_pair:?} per pair ({}, {} workers)",
-            C::NAME,
-            workers
+            "{TASKS} tasks x {PAIRS_PER_TASK} pairs over {workload}: {per_pair:?} per pair ({}, workers: {workers})",
+            C::NAME
         );
         match left {
             Some(0) | None => Ok(()),

@@ -52,7 +52,8 @@ struct Cli {
     #[arg(long, value_name = "NAME")]
     contender: Option<String>,
     /// With `--contender`: take one unit of the task's tokio budget after each lock, as our
-    /// registry and tokio's `Mutex` do (a contender that takes none never yields in this loop)
+    /// registry and tokio's `Mutex` do (a contender that takes none never yields in this loop;
+    /// `single-owner-owned` takes its own, so with this flag it takes two)
     #[arg(long, requires = "contender")]
     budget: bool,
     #[command(flatten)]
