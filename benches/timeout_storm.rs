@@ -24,9 +24,11 @@
 //! It prints one line per run (goodput per contender, ours over the best peer of the run),
 //! then per contender the min, median and max, two signs of a run that collapsed (the share
 //! of the storm's successes that came only when their timeout was due, and how long a storm
-//! task held its key across its `yield_now`, which is how long the workers' run queues are),
-//! and for ours the ratios to the best peer of the same run: their distribution and the worst
-//! run. It writes everything, every run's rates included, to
+//! task held its key across its `yield_now` and the guard's drop, which is how long the
+//! workers' run queues are plus the release), the process's CPU time per lock call that ended
+//! (granted or timed out: the storm is a closed loop, and a contender whose call costs more
+//! CPU fills the run queues sooner), and for ours the ratios to the best peer of the same run:
+//! their distribution and the worst run. It writes everything, every run's rates included, to
 //! `target/bench-report/timeout_storm.json`.
 
 mod command_line;
@@ -91,32 +93,41 @@ struct RunResult {
     /// finding the grant there).
     storm_acquisitions: u64,
     at_deadline: u64,
-    /// The time the storm's successful tasks held their key across the `yield_now`, summed.
+    /// The time the storm's successful tasks held their key across the `yield_now` and the
+    /// guard's drop, summed.
     held: Duration,
     elapsed: Duration,
-    /// The context switches of this process's threads during the run (Linux only).
-    switches: Option<ContextSwitches>,
+    /// The context switches and CPU time of this process's threads during the run (Linux
+    /// only).
+    switches: Option<ThreadCounts>,
 }
 
-/// Context switches of every thread of this process, as `/proc/self/task/*/status` counts them.
+/// Context switches and CPU time of every thread of this process, as
+/// `/proc/self/task/*/status` and `/proc/self/task/*/schedstat` count them.
 #[derive(Debug, Clone, Copy)]
-struct ContextSwitches {
+struct ThreadCounts {
     /// A thread gave up its core: parked (an idle worker, or one waiting for a lock), slept.
     voluntary: u64,
     /// The kernel took a thread off its core while it could still run: a busy machine's
     /// preemptions.
     preempted: u64,
+    /// Time on a core, in nanoseconds (the first field of `schedstat`).
+    cpu_nanos: u64,
 }
 
-impl ContextSwitches {
+impl ThreadCounts {
     /// The counts so far; `None` where there is no such file.
     fn now() -> Option<Self> {
-        let mut total = ContextSwitches {
+        let mut total = ThreadCounts {
             voluntary: 0,
             preempted: 0,
+            cpu_nanos: 0,
         };
         for task in std::fs::read_dir("/proc/self/task").ok()? {
-            let status = std::fs::read_to_string(task.ok()?.path().join("status")).ok()?;
+            let task = task.ok()?.path();
+            let schedstat = std::fs::read_to_string(task.join("schedstat")).ok()?;
+            total.cpu_nanos += schedstat.split_whitespace().next()?.parse::<u64>().ok()?;
+            let status = std::fs::read_to_string(task.join("status")).ok()?;
             let count = |field: &str| {
                 status
                     .lines()
@@ -131,11 +142,12 @@ impl ContextSwitches {
         Some(total)
     }
 
-    /// The switches since `before` (a thread that ended meanwhile takes its counts with it).
-    fn since(self, before: ContextSwitches) -> ContextSwitches {
-        ContextSwitches {
+    /// The counts since `before` (a thread that ended meanwhile takes its counts with it).
+    fn since(self, before: ThreadCounts) -> ThreadCounts {
+        ThreadCounts {
             voluntary: self.voluntary.saturating_sub(before.voluntary),
             preempted: self.preempted.saturating_sub(before.preempted),
+            cpu_nanos: self.cpu_nanos.saturating_sub(before.cpu_nanos),
         }
     }
 }
@@ -154,6 +166,13 @@ impl RunResult {
     /// How long a storm task held its key across its `yield_now`, on average, in µs.
     fn mean_hold_micros(&self) -> f64 {
         self.held.as_secs_f64() * 1e6 / self.storm_acquisitions.max(1) as f64
+    }
+
+    /// The process's CPU time per lock call that ended (granted or timed out), in ns: what a
+    /// call costs all told, the runtime's timers and scheduling included.
+    fn cpu_nanos_per_call(&self) -> Option<f64> {
+        let calls = (self.acquisitions + self.timeouts).max(1);
+        Some(self.switches?.cpu_nanos as f64 / calls as f64)
     }
 }
 
@@ -176,7 +195,7 @@ type Finish = Box<dyn FnOnce()>;
 async fn storm<C: Contender>(contender: &Arc<C>, run: u64, storm_tasks: u64) -> RunResult {
     let holders_done = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(StormCounts::default());
-    let switches_before = ContextSwitches::now();
+    let switches_before = ThreadCounts::now();
     let start = Instant::now();
     let storm_tasks: Vec<_> = (0..storm_tasks)
         .map(|task| {
@@ -240,7 +259,7 @@ async fn storm<C: Contender>(contender: &Arc<C>, run: u64, storm_tasks: u64) -> 
         at_deadline: counts.at_deadline.load(Ordering::Relaxed),
         held: Duration::from_nanos(counts.held_nanos.load(Ordering::Relaxed)),
         elapsed: start.elapsed(),
-        switches: ContextSwitches::now()
+        switches: ThreadCounts::now()
             .zip(switches_before)
             .map(|(after, before)| after.since(before)),
     }
@@ -415,8 +434,9 @@ fn print_summary(measured: &Measured, runs: u64) {
     println!(
         "\nGoodput, successful acquisitions per second over {runs} runs:\n\n\
          | contender | min | median | max | timeouts per run (median) | successes at the deadline \
-         (median share) | held across the yield (median of means) | preempted per run (median) |\n\
-         |---|--:|--:|--:|--:|--:|--:|--:|"
+         (median share) | held across the yield (median of means) | preempted per run (median) \
+         | CPU per call (median) |\n\
+         |---|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     for (index, name) in measured.names.iter().enumerate() {
         let goodputs = measured.goodputs(index);
@@ -430,6 +450,15 @@ fn print_summary(measured: &Measured, runs: u64) {
             .filter_map(|result| result.switches)
             .map(|switches| switches.preempted as f64)
             .collect();
+        let cpu_per_call: Vec<f64> = measured.results[index]
+            .iter()
+            .filter_map(RunResult::cpu_nanos_per_call)
+            .collect();
+        let cpu_per_call = if cpu_per_call.is_empty() {
+            "-".to_owned()
+        } else {
+            format!("{:.0} ns", median(&cpu_per_call))
+        };
         let preempted = if preempted.is_empty() {
             "-".to_owned()
         } else {
@@ -444,7 +473,8 @@ fn print_summary(measured: &Measured, runs: u64) {
             .map(RunResult::mean_hold_micros)
             .collect();
         println!(
-            "| {name} | {low:.0} | {:.0} | {high:.0} | {:.0} | {:.2} | {:.0} µs | {preempted} |",
+            "| {name} | {low:.0} | {:.0} | {high:.0} | {:.0} | {:.2} | {:.0} µs | {preempted} \
+             | {cpu_per_call} |",
             median(&goodputs),
             median(&timeouts),
             median(&at_deadline),
@@ -497,6 +527,7 @@ fn write_json(measured: &Measured, runs: u64) {
                         "seconds": result.elapsed.as_secs_f64(),
                         "voluntary_switches": result.switches.map(|switches| switches.voluntary),
                         "preempted": result.switches.map(|switches| switches.preempted),
+                        "cpu_nanos_per_call": result.cpu_nanos_per_call(),
                     })
                 })
                 .collect();
