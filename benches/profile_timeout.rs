@@ -1,0 +1,131 @@
+//! The timeout storm's lock call alone, for profilers: what one waiter that times out costs,
+//! without a second worker, a timer or a scheduler in the way.
+//!
+//! One task, on a current-thread runtime, holds key 0 and keeps 500 waiters queued for it. Then,
+//! 200,000 times: a new `lock(0)` future is polled once (it queues), polled again (the last
+//! look a `tokio::time::timeout` takes when its time is up) and dropped (the cancel); and one
+//! of the 500 queued waiters, picked at random (seeded), is dropped and replaced by a new one,
+//! so that cancels land in the middle of the queue too, as the storm's random timeouts make
+//! them land (`benches/timeout_storm.rs`). It prints the
+//! time per round (two queued waiters, one second poll, two cancels) for every contender that
+//! queues, ours first. Two are left out: `naive-actor` loses the grants of waiters that gave
+//! up, so the key would stay held after the holder's release; and our actor mode, whose
+//! requests wait for an actor task that never runs while this one task keeps polling, so that
+//! its figure would be the inbox's alone. The polls run under `tokio::task::unconstrained`, so that no
+//! contender's tokio budget turns a poll into a refusal partway.
+//!
+//! ```sh
+//! cargo bench --bench profile_timeout
+//! cargo bench --bench profile_timeout -- --contender keyed-locks --contender single-owner-owned
+//! ```
+
+mod command_line;
+// Shared with the other benchmarks, which use the rest of it (their runtime, for one).
+#[allow(dead_code)]
+mod contenders;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use contenders::Contender;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+/// Rounds timed per contender.
+const ROUNDS: u32 = 200_000;
+/// Waiters kept queued behind the holder, as a storm's queue of one key holds hundreds.
+const QUEUED: usize = 500;
+
+/// A timed-out waiter's lock call, alone: time per round of queue, poll, cancel.
+#[derive(Debug, Parser)]
+#[command(args_override_self = true)]
+struct Cli {
+    /// Only these contenders (by name, repeatable) [default: every one that queues]
+    #[arg(long, value_name = "NAME")]
+    contender: Vec<String>,
+    #[command(flatten)]
+    runner: command_line::Runner,
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let cli: Cli = command_line::parse();
+    if !cli.runner.picks_this_program() {
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let wanted = |name: &str| {
+        !["naive-actor", "keyed-locks-actor"].contains(&name)
+            && (cli.contender.is_empty() || cli.contender.iter().any(|c| c == name))
+    };
+    let mut found = false;
+    for_each_contender!(C => {
+        if wanted(C::NAME) {
+            found = true;
+            match runtime.block_on(tokio::task::unconstrained(per_round::<C>())) {
+                Some(per_round) => println!(
+                    "{}: {per_round:?} per round (2 waiters queued, 1 poll, 2 cancels; \
+                     {QUEUED} queued)",
+                    C::NAME
+                ),
+                None => println!("{}: does not queue (its lock never waits)", C::NAME),
+            }
+        }
+    });
+    if found {
+        Ok(())
+    } else {
+        Err(format!("no contender is named {:?}", cli.contender).into())
+    }
+}
+
+/// The time per round on a fresh `C`; `None` if its lock of a held key does not wait.
+async fn per_round<C: Contender>() -> Option<Duration> {
+    let contender = C::new(1);
+    let mut cx = Context::from_waker(Waker::noop());
+    let held = contender.lock(0).await;
+    let mut queued = Vec::with_capacity(QUEUED);
+    for _ in 0..QUEUED {
+        queued.push(queue(&contender, &mut cx)?);
+    }
+    // Drawn before the clock starts; the same for every contender.
+    let mut rng = StdRng::seed_from_u64(0);
+    let replaced: Vec<usize> = (0..ROUNDS).map(|_| rng.random_range(0..QUEUED)).collect();
+    let start = Instant::now();
+    for &replaced in &replaced {
+        let mut timed_out = queue(&contender, &mut cx)?;
+        if timed_out.as_mut().poll(&mut cx).is_ready() {
+            return None;
+        }
+        drop(timed_out);
+        queued[replaced] = queue(&contender, &mut cx)?;
+    }
+    let per_round = start.elapsed() / ROUNDS;
+    drop(queued);
+    drop(held);
+    let left = contender.entries().await;
+    contender.close().await;
+    assert!(
+        matches!(left, Some(0) | None),
+        "{} left {left:?} entries behind",
+        C::NAME
+    );
+    Some(per_round)
+}
+
+/// A `lock(0)` future of `contender`, polled once: `None` if that poll did not leave it
+/// waiting.
+fn queue<'c, C: Contender>(
+    contender: &'c C,
+    cx: &mut Context<'_>,
+) -> Option<Pin<Box<impl Future<Output = C::Guard<'c>> + 'c>>> {
+    let mut future = Box::pin(contender.lock(0));
+    match future.as_mut().poll(cx) {
+        Poll::Pending => Some(future),
+        Poll::Ready(_) => None,
+    }
+}
