@@ -768,9 +768,20 @@ where
             ledger.in_arrival_order(&mut granted[first_new..]);
             return Ok((key, delivery));
         }
-        match entries.get_mut(&key) {
-            Some(entry) => entry.waiters -= 1,
-            None => debug_assert!(false, "invariant 1: waiter without entry"),
+        let Some(entry) = entries.get_mut(&key) else {
+            debug_assert!(false, "invariant 1: waiter without entry");
+            return Ok((key, delivery));
+        };
+        entry.waiters -= 1;
+        // Behind a live waiter, the withdrawn one held nobody back (FIFO, invariant 5), and
+        // the entry stays in use: only the bound on tombstones can change. This is the usual
+        // cancel of a timed-out waiter, which skips the grant loop.
+        let behind_a_live_waiter = entry.queue.front().is_some_and(|first| {
+            first.waiter_id != waiter_id && ledger.records.contains(first.waiter_id)
+        });
+        if behind_a_live_waiter {
+            ledger.compact_queue(entry);
+            return Ok((key, delivery));
         }
         ledger.settle(entries, &key, granted);
         Ok((key, delivery))
