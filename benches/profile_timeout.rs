@@ -1,17 +1,17 @@
 //! The timeout storm's lock call alone, for profilers: what one waiter that times out costs,
 //! without a second worker, a timer or a scheduler in the way.
 //!
-//! One task, on a current-thread runtime, holds key 0 and keeps 500 waiters queued for it. Then,
-//! 200,000 times: a new `lock(0)` future is polled once (it queues), polled again (the last
-//! look a `tokio::time::timeout` takes when its time is up) and dropped (the cancel); and one
-//! of the 500 queued waiters, picked at random (seeded), is dropped and replaced by a new one,
-//! so that cancels land in the middle of the queue too, as the storm's random timeouts make
-//! them land (`benches/timeout_storm.rs`). It prints the
-//! time per round (two queued waiters, one second poll, two cancels) for every contender that
-//! queues, ours first. Two are left out: `naive-actor` loses the grants of waiters that gave
-//! up, so the key would stay held after the holder's release; and our actor mode, whose
-//! requests wait for an actor task that never runs while this one task keeps polling, so that
-//! its figure would be the inbox's alone. The polls run under `tokio::task::unconstrained`, so that no
+//! One task, on a current-thread runtime, holds key 0 and times 200,000 rounds. Each round a
+//! new `lock(0)` future is polled once (it queues) and gets a lifetime of 50 to 750 rounds
+//! (seeded); the waiters whose lifetime ends are polled again (the last look a
+//! `tokio::time::timeout` takes when its time is up) and dropped (the cancel). So each round is
+//! one timed-out call, about 400 waiters are queued at any time, and most cancels land in the
+//! middle of the queue, as the storm's timeouts of 0.2 to 3 ms make them land
+//! (`benches/timeout_storm.rs`). It prints the time per call for every contender that queues,
+//! ours first. Two are left out: `naive-actor` loses the grants of waiters that gave up, so the
+//! key would stay held after the holder's release; and our actor mode, whose requests wait for
+//! an actor task that never runs while this one task keeps polling, so that its figure would
+//! be the inbox's alone. The polls run under `tokio::task::unconstrained`, so that no
 //! contender's tokio budget turns a poll into a refusal partway.
 //!
 //! ```sh
@@ -36,10 +36,10 @@ use rand::{RngExt, SeedableRng};
 
 /// Rounds timed per contender.
 const ROUNDS: u32 = 200_000;
-/// Waiters kept queued behind the holder, as a storm's queue of one key holds hundreds.
-const QUEUED: usize = 500;
+/// The lifetimes of the waiters that stay queued, in rounds: 1 to 15, as the storm's timeouts.
+const LIFETIME: std::ops::Range<u32> = 50..750;
 
-/// A timed-out waiter's lock call, alone: time per round of queue, poll, cancel.
+/// The timeout storm's lock call alone: time per timed-out call (queue, poll, cancel).
 #[derive(Debug, Parser)]
 #[command(args_override_self = true)]
 struct Cli {
@@ -68,8 +68,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             found = true;
             match runtime.block_on(tokio::task::unconstrained(per_round::<C>())) {
                 Some(per_round) => println!(
-                    "{}: {per_round:?} per round (2 waiters queued, 1 poll, 2 cancels; \
-                     {QUEUED} queued)",
+                    "{}: {per_round:?} per timed-out call (queue, poll, cancel; about 400 \
+                     queued)",
                     C::NAME
                 ),
                 None => println!("{}: does not queue (its lock never waits)", C::NAME),
@@ -83,29 +83,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// The time per round on a fresh `C`; `None` if its lock of a held key does not wait.
+/// The time per round (one timed-out call) on a fresh `C`; `None` if its lock of a held key
+/// does not wait.
 async fn per_round<C: Contender>() -> Option<Duration> {
     let contender = C::new(1);
     let mut cx = Context::from_waker(Waker::noop());
     let held = contender.lock(0).await;
-    let mut queued = Vec::with_capacity(QUEUED);
-    for _ in 0..QUEUED {
-        queued.push(queue(&contender, &mut cx)?);
-    }
-    // Drawn before the clock starts; the same for every contender.
+    // Drawn before the clock starts; the same for every contender. The first `LIFETIME.end`
+    // rounds fill the queue and are not timed.
+    let warm_up = LIFETIME.end;
     let mut rng = StdRng::seed_from_u64(0);
-    let replaced: Vec<usize> = (0..ROUNDS).map(|_| rng.random_range(0..QUEUED)).collect();
-    let start = Instant::now();
-    for &replaced in &replaced {
-        let mut timed_out = queue(&contender, &mut cx)?;
-        if timed_out.as_mut().poll(&mut cx).is_ready() {
-            return None;
+    let lifetimes: Vec<u32> = (0..warm_up + ROUNDS)
+        .map(|_| rng.random_range(LIFETIME))
+        .collect();
+    // The queued waiters by the round that drops them, round modulo the longest lifetime.
+    let mut due: Vec<Vec<_>> = (0..LIFETIME.end).map(|_| Vec::new()).collect();
+    let mut start = Instant::now();
+    for (round, lifetime) in (0..).zip(lifetimes) {
+        if round == warm_up {
+            start = Instant::now();
         }
-        drop(timed_out);
-        queued[replaced] = queue(&contender, &mut cx)?;
+        due[((round + lifetime) % LIFETIME.end) as usize].push(queue(&contender, &mut cx)?);
+        for mut timed_out in due[(round % LIFETIME.end) as usize].drain(..) {
+            if timed_out.as_mut().poll(&mut cx).is_ready() {
+                return None;
+            }
+        }
     }
     let per_round = start.elapsed() / ROUNDS;
-    drop(queued);
+    drop(due);
     drop(held);
     let left = contender.entries().await;
     contender.close().await;
