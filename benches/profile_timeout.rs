@@ -67,7 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for_each_contender!(C => {
         if wanted(C::NAME) {
             found = true;
-            match runtime.block_on(tokio::task::unconstrained(per_round::<C>())) {
+            match runtime.block_on(tokio::task::unconstrained(per_round::<C>()))? {
                 Some(per_round) => println!(
                     "{}: {per_round:?} per timed-out call (queue, poll, cancel; about 400 \
                      queued)",
@@ -85,11 +85,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// The time per round (one timed-out call) on a fresh `C`; `None` if its lock of a held key
-/// does not wait.
-async fn per_round<C: Contender>() -> Option<Duration> {
+/// does not wait; an error if it leaves entries behind.
+async fn per_round<C: Contender>() -> Result<Option<Duration>, String> {
     let contender = C::new(1);
     let mut cx = Context::from_waker(Waker::noop());
     let held = contender.lock(0).await;
+    let Some(per_round) = time_rounds(&contender, &mut cx) else {
+        return Ok(None);
+    };
+    drop(held);
+    let left = contender.entries().await;
+    contender.close().await;
+    match left {
+        Some(0) | None => Ok(Some(per_round)),
+        Some(left) => Err(format!("{} left {left} entries behind", C::NAME)),
+    }
+}
+
+/// Times the rounds on `contender`, whose key 0 is held; `None` if a waiter's poll found the
+/// key granted or its lock did not wait.
+fn time_rounds<C: Contender>(contender: &C, cx: &mut Context<'_>) -> Option<Duration> {
     // Drawn before the clock starts; the same for every contender. The first `LIFETIME.end`
     // rounds fill the queue and are not timed.
     let warm_up = LIFETIME.end;
@@ -104,24 +119,14 @@ async fn per_round<C: Contender>() -> Option<Duration> {
         if round == warm_up {
             start = Instant::now();
         }
-        due[((round + lifetime) % LIFETIME.end) as usize].push(queue(&contender, &mut cx)?);
+        due[((round + lifetime) % LIFETIME.end) as usize].push(queue(contender, cx)?);
         for mut timed_out in due[(round % LIFETIME.end) as usize].drain(..) {
-            if timed_out.as_mut().poll(&mut cx).is_ready() {
+            if timed_out.as_mut().poll(cx).is_ready() {
                 return None;
             }
         }
     }
-    let per_round = start.elapsed() / ROUNDS;
-    drop(due);
-    drop(held);
-    let left = contender.entries().await;
-    contender.close().await;
-    assert!(
-        matches!(left, Some(0) | None),
-        "{} left {left:?} entries behind",
-        C::NAME
-    );
-    Some(per_round)
+    Some(start.elapsed() / ROUNDS)
 }
 
 /// A `lock(0)` future of `contender`, polled once: `None` if that poll did not leave it

@@ -99,7 +99,7 @@ struct RunResult {
     elapsed: Duration,
     /// The context switches and CPU time of this process's threads during the run (Linux
     /// only).
-    switches: Option<ThreadCounts>,
+    threads: Option<ThreadCounts>,
 }
 
 /// Context switches and CPU time of every thread of this process, as
@@ -172,7 +172,7 @@ impl RunResult {
     /// call costs all told, the runtime's timers and scheduling included.
     fn cpu_nanos_per_call(&self) -> Option<f64> {
         let calls = (self.acquisitions + self.timeouts).max(1);
-        Some(self.switches?.cpu_nanos as f64 / calls as f64)
+        Some(self.threads?.cpu_nanos as f64 / calls as f64)
     }
 }
 
@@ -195,7 +195,7 @@ type Finish = Box<dyn FnOnce()>;
 async fn storm<C: Contender>(contender: &Arc<C>, run: u64, storm_tasks: u64) -> RunResult {
     let holders_done = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(StormCounts::default());
-    let switches_before = ThreadCounts::now();
+    let threads_before = ThreadCounts::now();
     let start = Instant::now();
     let storm_tasks: Vec<_> = (0..storm_tasks)
         .map(|task| {
@@ -259,8 +259,8 @@ async fn storm<C: Contender>(contender: &Arc<C>, run: u64, storm_tasks: u64) -> 
         at_deadline: counts.at_deadline.load(Ordering::Relaxed),
         held: Duration::from_nanos(counts.held_nanos.load(Ordering::Relaxed)),
         elapsed: start.elapsed(),
-        switches: ThreadCounts::now()
-            .zip(switches_before)
+        threads: ThreadCounts::now()
+            .zip(threads_before)
             .map(|(after, before)| after.since(before)),
     }
 }
@@ -273,6 +273,16 @@ fn median(values: &[f64]) -> f64 {
         sorted[middle]
     } else {
         (sorted[middle - 1] + sorted[middle]) / 2.0
+    }
+}
+
+/// The median of `values` with `unit` after it, or "-" if there are none (a figure that only
+/// Linux gives).
+fn median_or_dash(values: &[f64], unit: &str) -> String {
+    if values.is_empty() {
+        "-".to_owned()
+    } else {
+        format!("{:.0}{unit}", median(values))
     }
 }
 
@@ -447,23 +457,15 @@ fn print_summary(measured: &Measured, runs: u64) {
             .collect();
         let preempted: Vec<f64> = measured.results[index]
             .iter()
-            .filter_map(|result| result.switches)
-            .map(|switches| switches.preempted as f64)
+            .filter_map(|result| result.threads)
+            .map(|threads| threads.preempted as f64)
             .collect();
         let cpu_per_call: Vec<f64> = measured.results[index]
             .iter()
             .filter_map(RunResult::cpu_nanos_per_call)
             .collect();
-        let cpu_per_call = if cpu_per_call.is_empty() {
-            "-".to_owned()
-        } else {
-            format!("{:.0} ns", median(&cpu_per_call))
-        };
-        let preempted = if preempted.is_empty() {
-            "-".to_owned()
-        } else {
-            format!("{:.0}", median(&preempted))
-        };
+        let cpu_per_call = median_or_dash(&cpu_per_call, " ns");
+        let preempted = median_or_dash(&preempted, "");
         let at_deadline: Vec<f64> = measured.results[index]
             .iter()
             .map(RunResult::at_deadline_share)
@@ -525,8 +527,8 @@ fn write_json(measured: &Measured, runs: u64) {
                         "at_deadline": result.at_deadline,
                         "mean_hold_micros": result.mean_hold_micros(),
                         "seconds": result.elapsed.as_secs_f64(),
-                        "voluntary_switches": result.switches.map(|switches| switches.voluntary),
-                        "preempted": result.switches.map(|switches| switches.preempted),
+                        "voluntary_switches": result.threads.map(|threads| threads.voluntary),
+                        "preempted": result.threads.map(|threads| threads.preempted),
                         "cpu_nanos_per_call": result.cpu_nanos_per_call(),
                     })
                 })

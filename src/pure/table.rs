@@ -773,9 +773,10 @@ where
             return Ok((key, delivery));
         };
         entry.waiters -= 1;
-        // Behind a live waiter, the withdrawn one held nobody back (FIFO, invariant 5), and
-        // the entry stays in use: only the bound on tombstones can change. This is the usual
-        // cancel of a timed-out waiter, which skips the grant loop.
+        // Behind a live waiter, the withdrawn one held nobody back: grants go in queue order,
+        // and the first live waiter, which could not be granted (invariant 5), is unchanged.
+        // The entry stays in use, so only the bound on tombstones (invariant 6) can change.
+        // This is the usual cancel of a timed-out waiter, and it skips the grant loop.
         let behind_a_live_waiter = entry.queue.front().is_some_and(|first| {
             first.waiter_id != waiter_id && ledger.records.contains(first.waiter_id)
         });
