@@ -78,7 +78,7 @@ mod marks;
 mod records;
 mod view;
 use marks::Marks;
-use records::Records;
+use records::{NotRemoved, Records};
 
 /// Identifies one acquirer, from arrival until release or cancellation.
 ///
@@ -674,20 +674,17 @@ where
         granted: &mut Vec<Grant<D>>,
     ) -> Result<K, WaiterError> {
         let LockTable { entries, ledger } = self;
-        match ledger.records.get(waiter_id) {
-            None => return Err(WaiterError::Unknown(waiter_id)),
-            Some(Record {
-                state: RecordState::Waiting(_),
-                ..
-            }) => return Err(WaiterError::NotHolding(waiter_id)),
-            Some(_) => {}
-        }
-        let Some(Record {
-            key,
-            state: RecordState::Holding { permits, .. },
-        }) = ledger.records.remove(waiter_id)
-        else {
-            return Err(WaiterError::Unknown(waiter_id));
+        let removed = ledger.records.remove_if(waiter_id, |record| {
+            matches!(record.state, RecordState::Holding { .. })
+        });
+        let (key, permits) = match removed {
+            Ok(Record {
+                key,
+                state: RecordState::Holding { permits, .. },
+            }) => (key, permits),
+            Err(NotRemoved::Refused) => return Err(WaiterError::NotHolding(waiter_id)),
+            // `Ok` with a waiting record is unreachable: `remove_if` took only a holder.
+            Ok(_) | Err(NotRemoved::Absent) => return Err(WaiterError::Unknown(waiter_id)),
         };
         ledger.counts.holders -= 1;
         if let Some(keys) = ledger.take_group(waiter_id) {
@@ -737,21 +734,17 @@ where
         granted: &mut Vec<Grant<D>>,
     ) -> Result<(K, D), WaiterError> {
         let LockTable { entries, ledger } = self;
-        match ledger.records.get(waiter_id) {
-            None => return Err(WaiterError::Unknown(waiter_id)),
-            Some(Record {
-                state: RecordState::Holding { .. },
-                ..
-            }) => return Err(WaiterError::NotWaiting(waiter_id)),
-            Some(_) => {}
-        }
-        let Some(Record {
-            key,
-            state: RecordState::Waiting(delivery),
-            ..
-        }) = ledger.records.remove(waiter_id)
-        else {
-            return Err(WaiterError::Unknown(waiter_id));
+        let removed = ledger.records.remove_if(waiter_id, |record| {
+            matches!(record.state, RecordState::Waiting(_))
+        });
+        let (key, delivery) = match removed {
+            Ok(Record {
+                key,
+                state: RecordState::Waiting(delivery),
+            }) => (key, delivery),
+            Err(NotRemoved::Refused) => return Err(WaiterError::NotWaiting(waiter_id)),
+            // `Ok` with a holding record is unreachable: `remove_if` took only a waiter.
+            Ok(_) | Err(NotRemoved::Absent) => return Err(WaiterError::Unknown(waiter_id)),
         };
         ledger.counts.waiting -= 1;
         if let Some(keys) = ledger.take_group(waiter_id) {

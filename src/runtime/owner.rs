@@ -245,8 +245,9 @@ impl<K: LockKey> Owner<K> {
         debug!(target: OWNER_TARGET, ?key, "acquire");
         self.stamp_time();
         self.mark_time_now_and_then();
+        let by_caller = matches!(delivery, Delivery::Caller);
         let acquired = self.table.acquire(key, permits, delivery);
-        self.grant_or_queue(acquired, effects)
+        self.grant_or_queue(acquired, by_caller, effects)
     }
 
     fn acquire_all(
@@ -258,24 +259,28 @@ impl<K: LockKey> Owner<K> {
         debug!(target: OWNER_TARGET, keys = ?keys.as_slice(), "acquire of several keys");
         self.stamp_time();
         self.mark_time_now_and_then();
+        let by_caller = matches!(delivery, Delivery::Caller);
         let acquired = self.table.acquire_all(keys, delivery);
-        self.grant_or_queue(acquired, effects)
+        self.grant_or_queue(acquired, by_caller, effects)
     }
 
     /// What an acquire does once the table has answered: a grant is delivered; a queued
     /// request's waiter learns its place, or is withdrawn if it gave up meanwhile.
+    /// `by_caller` says the request came with [`Delivery::Caller`], so that a queued caller is
+    /// answered without looking its record up again.
     #[inline]
     fn grant_or_queue(
         &mut self,
         acquired: Acquired<Delivery<K>>,
+        by_caller: bool,
         effects: &mut Effects<K>,
     ) -> Outcome<K> {
         match acquired {
             Acquired::Granted(grant) => return self.deliver_first(grant, effects),
+            // The caller is here: it gives the record a pending grant before it lets go of
+            // the shard ([`Owner::wait_here`]).
+            Acquired::Queued(waiter_id) if by_caller => return Outcome::Queued(waiter_id),
             Acquired::Queued(waiter_id) => match self.table.delivery_mut(waiter_id) {
-                // The caller is here: it gives the record a pending grant before it lets go
-                // of the shard ([`Owner::wait_here`]).
-                Some(Delivery::Caller) => return Outcome::Queued(waiter_id),
                 // Tell the waiter its place, so that giving up becomes a cancel; if it gave
                 // up in the meantime, withdraw it now.
                 Some(Delivery::Pending(pending))

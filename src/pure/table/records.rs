@@ -16,7 +16,7 @@
 //! - `window.len() <= 2 * live_in_window + WINDOW_SLACK`: gaps never outnumber live records
 //!   by more than the slack, so memory follows the live records.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque, hash_map};
 use std::num::NonZeroU64;
 
 use super::WaiterId;
@@ -24,6 +24,15 @@ use super::WaiterId;
 /// Gaps tolerated in the window beyond its live records before the oldest records move out.
 /// Large enough that a short burst of long holds never moves anything.
 const WINDOW_SLACK: usize = 64;
+
+/// Why [`Records::remove_if`] removed nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NotRemoved {
+    /// No record has the id.
+    Absent,
+    /// The record is there, and `wanted` turned it down.
+    Refused,
+}
 
 /// The records of a table, by arrival number.
 pub(super) struct Records<R> {
@@ -81,28 +90,51 @@ impl<R> Records<R> {
         self.get(waiter_id).is_some()
     }
 
+    /// Removes the record of `waiter_id` if `wanted` accepts it, in one lookup; otherwise
+    /// changes nothing and says why.
     #[inline]
-    pub(super) fn remove(&mut self, waiter_id: WaiterId) -> Option<R> {
+    pub(super) fn remove_if(
+        &mut self,
+        waiter_id: WaiterId,
+        wanted: impl FnOnce(&R) -> bool,
+    ) -> Result<R, NotRemoved> {
         let Some(index) = self.window_index(waiter_id) else {
-            return self.older.remove(&waiter_id);
+            return match self.older.entry(waiter_id) {
+                hash_map::Entry::Occupied(older) if wanted(older.get()) => Ok(older.remove()),
+                hash_map::Entry::Occupied(_) => Err(NotRemoved::Refused),
+                hash_map::Entry::Vacant(_) => Err(NotRemoved::Absent),
+            };
         };
+        match self.window.get(index) {
+            Some(Some(record)) if wanted(record) => {}
+            Some(Some(_)) => return Err(NotRemoved::Refused),
+            Some(None) | None => return Err(NotRemoved::Absent),
+        }
         if index == 0 {
             // The oldest record in the window: the common case of a lock released before
             // later ones. The window starts at a live record, so this one is live.
-            let record = self.window.pop_front()??;
+            let record = self
+                .window
+                .pop_front()
+                .flatten()
+                .ok_or(NotRemoved::Absent)?;
             self.base = self.base.saturating_add(1);
             self.live_in_window -= 1;
             self.skip_gaps();
-            return Some(record);
+            return Ok(record);
         }
-        let record = self.window.get_mut(index)?.take()?;
+        let record = self
+            .window
+            .get_mut(index)
+            .and_then(Option::take)
+            .ok_or(NotRemoved::Absent)?;
         self.live_in_window -= 1;
         self.skip_gaps();
         // A gap in the middle may tip the bound of the module docs; an insert cannot.
         while self.window.len() > 2 * self.live_in_window + WINDOW_SLACK {
             self.move_oldest_out();
         }
-        Some(record)
+        Ok(record)
     }
 
     /// Removes every record and returns them in order of arrival. Ids keep counting.
@@ -216,6 +248,39 @@ mod tests {
         records
     }
 
+    fn remove<R>(records: &mut Records<R>, waiter_id: WaiterId) -> Option<R> {
+        records.remove_if(waiter_id, |_| true).ok()
+    }
+
+    #[test]
+    fn a_record_turned_down_stays_in_the_window_or_out_of_it() {
+        let mut records = Records::new();
+        let held = records.insert("held");
+        for _ in 0..10_000 {
+            let passing = records.insert("passing");
+            assert_eq!(remove(&mut records, passing), Some("passing"));
+        }
+        let recent = records.insert("recent");
+        assert!(
+            records.window_index(held).is_none() && records.window_index(recent).is_some(),
+            "this test needs one record on each side of the window's start"
+        );
+        for waiter_id in [held, recent] {
+            assert_eq!(
+                records.remove_if(waiter_id, |_| false),
+                Err(NotRemoved::Refused)
+            );
+            checked(&records);
+            assert!(records.contains(waiter_id), "a refusal removes nothing");
+            assert!(records.remove_if(waiter_id, |_| true).is_ok());
+            assert_eq!(
+                records.remove_if(waiter_id, |_| true),
+                Err(NotRemoved::Absent)
+            );
+            checked(&records);
+        }
+    }
+
     #[test]
     fn a_long_hold_moves_out_of_the_window_and_stays_found() {
         let mut records = Records::new();
@@ -223,7 +288,7 @@ mod tests {
         for round in 0..10_000u64 {
             let passing = records.insert("passing");
             assert_eq!(passing.arrival(), round + 2, "ids count arrivals");
-            assert_eq!(records.remove(passing), Some("passing"));
+            assert_eq!(remove(&mut records, passing), Some("passing"));
             checked(&records);
         }
         assert!(
@@ -232,7 +297,7 @@ mod tests {
         );
         assert_eq!(records.older.len(), 1, "the held record moved out");
         assert_eq!(records.get(held), Some(&"held"));
-        assert_eq!(records.remove(held), Some("held"));
+        assert_eq!(remove(&mut records, held), Some("held"));
         assert_eq!(records.get(held), None);
         assert!(records.older.is_empty());
     }
@@ -242,15 +307,15 @@ mod tests {
         let mut records = Records::new();
         let first = records.insert(1);
         let second = records.insert(2);
-        assert_eq!(records.remove(first), Some(1));
-        assert_eq!(records.remove(first), None);
+        assert_eq!(remove(&mut records, first), Some(1));
+        assert_eq!(remove(&mut records, first), None);
         checked(&records);
         assert_eq!(records.get(first), None);
         assert_eq!(records.get_mut(second), Some(&mut 2));
         let unissued = WaiterId::new(3).unwrap();
         assert_eq!(records.get(unissued), None);
         assert!(!records.contains(unissued));
-        assert_eq!(records.remove(WaiterId::new(u64::MAX).unwrap()), None);
+        assert_eq!(remove(&mut records, WaiterId::new(u64::MAX).unwrap()), None);
     }
 
     #[test]
@@ -260,7 +325,7 @@ mod tests {
         // Keep every seventh: enough gaps that the oldest records move out of the window.
         for (n, id) in ids.iter().enumerate() {
             if n % 7 != 0 {
-                records.remove(*id);
+                remove(&mut records, *id);
                 checked(&records);
             }
         }
