@@ -84,10 +84,14 @@ fn registry(execution: Execution) -> LockRegistry<u64> {
     LockRegistry::builder().execution(execution).spawn()
 }
 
-/// The loop in `block_on` itself, as the instruction counts in `docs/performance-log.md` were
-/// taken.
+/// The loop in `block_on` itself, for repeatable instruction counts. Every runtime here enables
+/// tokio's drivers, as the contenders' (`run_contender`) and the benchmarks' do: without them a
+/// worker parks on a condition variable instead of the driver, and the budget's yields cost
+/// something else, so ours would not be measured under the same conditions as the others
+/// (before round 31 of `docs/performance-log.md`, ours ran without them).
 fn on_current_thread(execution: Execution) -> Result<(), LockError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
         .expect("a current-thread runtime builds");
     runtime.block_on(async {
@@ -106,6 +110,7 @@ fn on_current_thread(execution: Execution) -> Result<(), LockError> {
 fn on_workers(workers: usize, execution: Execution) -> Result<(), Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
+        .enable_all()
         .build()?;
     runtime.block_on(async {
         let registry = registry(execution);

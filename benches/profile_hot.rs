@@ -45,8 +45,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         Execution::RunOnCaller
     };
+    // With tokio's drivers, as the benchmarks' runtime has them: a worker with nothing to do
+    // parks on the driver, and `yield_now` polls it.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .enable_all()
         .build()?;
     let per_pair = runtime.block_on(async {
         let registry = LockRegistry::<u64>::builder().execution(execution).spawn();
