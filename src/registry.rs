@@ -27,8 +27,10 @@ use crate::runtime::shard::{GrantFuture, HeldGrant, Shard};
 use crate::runtime::stall;
 
 pub(crate) mod builder;
+mod lock_future;
 
 use builder::{RegistryBuilder, RegistrySettings};
+use lock_future::LockFuture;
 
 /// A registry of per-key async locks: the handle to its shard (or, when built with
 /// [`RegistryBuilder::shards`], its shards, each owning the keys that hash to it), where each
@@ -260,28 +262,9 @@ impl<K: LockKey> LockRegistry<K> {
     }
 
     /// Waits for `permits` of `key` (`None`: all of them) and returns the guard.
-    async fn lock_permits(
-        &self,
-        key: K,
-        permits: Option<Permits>,
-        call: CallKind,
-    ) -> Result<KeyGuard<K>, LockError> {
-        let acquisition =
-            Acquisition::start(call, &key, permits.map(|p| p.get()), &self.histograms);
-        let shard = self.shard_for(&key);
-        let request = Request::Acquire {
-            key: key.clone(),
-            permits: permits.unwrap_or(Permits(self.capacity)),
-            delivery: Delivery::Caller,
-        };
-        match GrantFuture::new(&shard.shard, request).await {
-            Ok(granted) => Ok(shard.guard(key, granted, acquisition)),
-            // An acquire waits rather than be refused; only a closed shard ends it early.
-            Err(_) => {
-                acquisition.closed();
-                Err(LockError::Closed)
-            }
-        }
+    #[inline]
+    fn lock_permits(&self, key: K, permits: Option<Permits>, call: CallKind) -> LockFuture<'_, K> {
+        LockFuture::new(self, key, permits, call)
     }
 
     /// Takes `key` if it is free right now, without waiting.

@@ -10,6 +10,7 @@ use keyed_locks::messages::{Acquire, GetStats};
 use keyed_locks::{Execution, LockRegistry};
 use tokio_test::{assert_pending, assert_ready, task};
 
+use crate::configurations::builders;
 use crate::reference_model::trace_lines;
 
 #[tokio::test]
@@ -103,12 +104,20 @@ async fn a_request_dropped_before_the_registry_saw_it_touches_nothing() {
     assert_eq!((stats.keys, stats.grants), (0, 1));
 }
 
+/// A future of `lock`, `lock_shared`, `acquire` or `try_lock` dropped before its first poll
+/// never reached its shard: no entry, no waiter, no grant, in every configuration.
 #[tokio::test]
 async fn a_lock_future_never_polled_sends_nothing() {
-    let registry = LockRegistry::<u8>::spawn();
-    drop(registry.lock(1));
-    drop(registry.try_lock(1));
-    assert_eq!(registry.stats().await.unwrap(), Default::default());
+    for builder in builders::<u8>() {
+        let registry = builder
+            .capacity(std::num::NonZeroU32::new(2).unwrap())
+            .spawn();
+        drop(registry.lock(1));
+        drop(registry.lock_shared(1));
+        drop(registry.acquire(1, 2));
+        drop(registry.try_lock(1));
+        assert_eq!(registry.stats().await.unwrap(), Default::default());
+    }
 }
 
 #[tokio::test]
@@ -303,4 +312,24 @@ async fn aborted_tasks_at_any_point(registry: LockRegistry<u64>) {
     }
     let stats = registry.stats().await.unwrap();
     assert_eq!((stats.keys, stats.held, stats.waiting), (0, 0, 0));
+}
+
+/// A `lock` future polled again after it gave its guard answers `Closed` instead of panicking,
+/// and takes nothing: the guard it gave still holds the key, and its drop frees it.
+#[tokio::test]
+async fn a_lock_future_polled_after_it_resolved_takes_nothing() {
+    for builder in builders::<u64>() {
+        let registry = builder.spawn();
+        let mut lock = Box::pin(registry.lock(5));
+        let guard = lock.as_mut().await.unwrap();
+        assert!(matches!(
+            futures::poll!(lock.as_mut()),
+            std::task::Poll::Ready(Err(keyed_locks::LockError::Closed))
+        ));
+        drop(lock);
+        let stats = registry.stats().await.unwrap();
+        assert_eq!((stats.keys, stats.held, stats.grants), (1, 1, 1));
+        drop(guard);
+        assert_eq!(registry.stats().await.unwrap().keys, 0);
+    }
 }

@@ -445,17 +445,9 @@ impl<K: LockKey> fmt::Debug for Shard<K> {
 #[must_use = "futures do nothing unless polled"]
 pub(crate) struct GrantFuture<'a, K: LockKey> {
     shard: &'a Shard<K>,
-    stage: Stage<K>,
-}
-
-enum Stage<K: LockKey> {
-    /// Not polled yet.
-    Start(Request<K>),
-    /// Queued; the grant will come to this pending slot.
-    Waiting(PendingKey),
-    /// Answered, and kept until the task's budget allows to return it.
-    Answered(Result<Granted, NotGranted>),
-    Done,
+    /// The request, until the first poll takes it to the shard.
+    request: Option<Request<K>>,
+    stage: GrantStage,
 }
 
 impl<'a, K: LockKey> GrantFuture<'a, K> {
@@ -463,13 +455,14 @@ impl<'a, K: LockKey> GrantFuture<'a, K> {
     pub(crate) fn new(shard: &'a Shard<K>, request: Request<K>) -> Self {
         GrantFuture {
             shard,
-            stage: Stage::Start(request),
+            request: Some(request),
+            stage: GrantStage::new(),
         }
     }
 }
 
 // Nothing in the future is pinned: the request is moved out on the first poll, and the rest
-// is a key and a reference.
+// is a slot's key and a reference.
 impl<K: LockKey> Unpin for GrantFuture<'_, K> {}
 
 impl<K: LockKey> Future for GrantFuture<'_, K> {
@@ -478,19 +471,66 @@ impl<K: LockKey> Future for GrantFuture<'_, K> {
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        let answer = match std::mem::replace(&mut this.stage, Stage::Done) {
-            Stage::Start(request) => match this.shard.start(request, cx.waker()) {
-                Started::Granted(granted) => Ok(granted),
-                Started::Refused(not_granted) => Err(not_granted),
-                Started::Waiting(pending) => {
-                    this.stage = Stage::Waiting(pending);
-                    return Poll::Pending;
-                }
+        let request = &mut this.request;
+        this.stage.poll(this.shard, cx, || request.take())
+    }
+}
+
+impl<K: LockKey> Drop for GrantFuture<'_, K> {
+    fn drop(&mut self) {
+        self.stage.abandon(self.shard);
+    }
+}
+
+/// Where an acquire stands, apart from its shard and its request, which its owner keeps (a
+/// [`GrantFuture`], or the registry's lock future, which keeps one key for the request and
+/// the guard): not started, waiting on a pending grant, or answered and kept until the task's
+/// budget lets it be returned. Its owner must call [`abandon`](Self::abandon) when dropped.
+pub(crate) struct GrantStage(Stage);
+
+enum Stage {
+    /// Not polled yet.
+    Start,
+    /// Queued; the grant will come to this pending slot.
+    Waiting(PendingKey),
+    /// Answered, and kept until the task's budget allows to return it.
+    Answered(Result<Granted, NotGranted>),
+    Done,
+}
+
+impl GrantStage {
+    #[inline]
+    pub(crate) fn new() -> Self {
+        GrantStage(Stage::Start)
+    }
+
+    /// Polls the acquire on `shard`: its first poll starts the request that `request` makes
+    /// (in the default mode runs its step here, in actor mode queues it); later polls look at
+    /// its pending grant. `request` is called once, on the first poll; `None` is answered as
+    /// a closed shard would be.
+    #[inline]
+    pub(crate) fn poll<K: LockKey>(
+        &mut self,
+        shard: &Shard<K>,
+        cx: &mut Context<'_>,
+        request: impl FnOnce() -> Option<Request<K>>,
+    ) -> Poll<Result<Granted, NotGranted>> {
+        let answer = match std::mem::replace(&mut self.0, Stage::Done) {
+            Stage::Start => match request() {
+                Some(request) => match shard.start(request, cx.waker()) {
+                    Started::Granted(granted) => Ok(granted),
+                    Started::Refused(not_granted) => Err(not_granted),
+                    Started::Waiting(pending) => {
+                        self.0 = Stage::Waiting(pending);
+                        return Poll::Pending;
+                    }
+                },
+                None => Err(NotGranted::Closed),
             },
-            Stage::Waiting(pending) => match this.shard.poll_grant(pending, cx) {
+            Stage::Waiting(pending) => match shard.poll_grant(pending, cx) {
                 Poll::Ready(answer) => answer,
                 Poll::Pending => {
-                    this.stage = Stage::Waiting(pending);
+                    self.0 = Stage::Waiting(pending);
                     return Poll::Pending;
                 }
             },
@@ -510,19 +550,20 @@ impl<K: LockKey> Future for GrantFuture<'_, K> {
                 Poll::Ready(answer)
             }
             Poll::Pending => {
-                this.stage = Stage::Answered(answer);
+                self.0 = Stage::Answered(answer);
                 Poll::Pending
             }
         }
     }
-}
 
-impl<K: LockKey> Drop for GrantFuture<'_, K> {
-    fn drop(&mut self) {
-        match self.stage {
-            Stage::Waiting(pending) => self.shard.abandon(pending),
-            Stage::Answered(Ok(granted)) => self.shard.release(granted.waiter_id),
-            Stage::Start(_) | Stage::Answered(Err(_)) | Stage::Done => {}
+    /// Withdraws the acquire from `shard`, whatever stage it is at: a queued request is
+    /// cancelled, a grant kept for the budget is released. Nothing is left to undo after this.
+    #[inline]
+    pub(crate) fn abandon<K: LockKey>(&mut self, shard: &Shard<K>) {
+        match std::mem::replace(&mut self.0, Stage::Done) {
+            Stage::Waiting(pending) => shard.abandon(pending),
+            Stage::Answered(Ok(granted)) => shard.release(granted.waiter_id),
+            Stage::Start | Stage::Answered(Err(_)) | Stage::Done => {}
         }
     }
 }
@@ -530,5 +571,17 @@ impl<K: LockKey> Drop for GrantFuture<'_, K> {
 impl<K: LockKey> fmt::Debug for GrantFuture<'_, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GrantFuture").finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for GrantStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let stage = match &self.0 {
+            Stage::Start => "start",
+            Stage::Waiting(_) => "waiting",
+            Stage::Answered(_) => "answered",
+            Stage::Done => "done",
+        };
+        f.debug_tuple("GrantStage").field(&stage).finish()
     }
 }
