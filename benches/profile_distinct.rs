@@ -87,8 +87,7 @@ fn registry(execution: Execution) -> LockRegistry<u64> {
 /// The loop in `block_on` itself, for repeatable instruction counts. Every runtime here enables
 /// tokio's drivers, as the contenders' (`run_contender`) and the benchmarks' do: without them a
 /// worker parks on a condition variable instead of the driver, and the budget's yields cost
-/// something else, so ours would not be measured under the same conditions as the others
-/// (before round 31 of `docs/performance-log.md`, ours ran without them).
+/// something else, so ours would not be measured under the same conditions as the others.
 fn on_current_thread(execution: Execution) -> Result<(), LockError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -2,14 +2,13 @@
 //! [`lock_shared`](LockRegistry::lock_shared) and [`acquire`](LockRegistry::acquire), the
 //! registry's busiest calls, written out rather than as an `async fn`.
 //!
-//! An `async fn` keeps every argument for its whole life and every local that lives across
-//! its `.await` beside them, so `lock`'s kept the key three times (the argument, the copy for
-//! the guard, and the one in the request), the handle and the shard: 104 bytes for a `u64`
-//! key. This future keeps the key once, until the guard takes it, and clones it into the
-//! request on the first poll, as the `async fn` did: one clone per acquisition either way.
-//! What it keeps lives in the task of whoever awaits it, and every poll of that task touches
-//! it, so its size shows in the cache misses of a workload with many tasks (round 31 of
-//! `docs/performance-log.md`).
+//! It keeps the key once, until the guard takes it, and clones it into the request on the
+//! first poll: one clone per acquisition. Besides the key it keeps the registry, the permits
+//! asked for, the acquisition's observer and the [`GrantStage`]; the shard is found from the
+//! key when needed. An `async fn` would keep every argument beside every local that lives
+//! across its `.await` (the key again, the handle, the shard). The future lives in the task
+//! of whoever awaits it and every poll of that task touches it, so its size is paid in cache
+//! misses by a workload of many tasks.
 
 use std::fmt;
 use std::future::Future;
