@@ -313,3 +313,81 @@ fn loom_give_up_against_close() {
         ));
     });
 }
+
+/// A pick-up against a close: the key was granted to a waiter's slot, and the waiter picks it
+/// up while the shard closes. If the close returned before the poll began, the poll answers
+/// `Closed`; otherwise it may take the grant, whose release is then harmless. Either way nobody
+/// panics or waits forever, and the closed shard refuses every later call.
+#[test]
+fn loom_pickup_against_close() {
+    in_both_modes(|execution| {
+        let shard = shard(execution);
+        let held = hold_free_key(&shard, 1);
+        let (woken, waker) = flag();
+        let waiting = wait_for_held_key(&shard, 1, &waker);
+        serve_as_actor(&shard);
+        shard.release(held.waiter_id);
+        serve_as_actor(&shard);
+        assert!(woken.woken(), "the grant woke its waiter");
+        let close_returned = Arc::new(AtomicBool::new(false));
+
+        let closer = on_thread(&shard, {
+            let close_returned = Arc::clone(&close_returned);
+            move |shard| {
+                shard.close();
+                close_returned.store(true, Ordering::SeqCst);
+            }
+        });
+        let after_close = close_returned.load(Ordering::SeqCst);
+        let picked = poll(&shard, waiting);
+        if after_close {
+            assert_eq!(
+                picked,
+                Poll::Ready(Err(NotGranted::Closed)),
+                "a grant was handed out after the close returned"
+            );
+        }
+        closer.join().unwrap();
+        match picked {
+            Poll::Ready(Ok(granted)) => shard.release(granted.waiter_id),
+            Poll::Ready(Err(NotGranted::Closed)) => {}
+            other => panic!("a granted slot answers at once, with the grant or Closed: {other:?}"),
+        }
+        // Polled again after its answer, as a buggy caller might: `Closed`, not a second grant.
+        assert_eq!(poll(&shard, waiting), Poll::Ready(Err(NotGranted::Closed)));
+        assert!(matches!(
+            shard.start(acquire(2), &waker),
+            Started::Refused(NotGranted::Closed)
+        ));
+    });
+}
+
+/// Giving up against the grant in flight, with nobody else waiting: the waiter's future is
+/// dropped while the holder's release grants it the key. Whichever comes first, the key comes
+/// back to the table (released by the drop, or by the owner when it finds the slot given up)
+/// and no entry is left.
+#[test]
+fn loom_give_up_against_grant_in_flight() {
+    in_both_modes(|execution| {
+        let shard = shard(execution);
+        let held = hold_free_key(&shard, 1);
+        let (_, waker) = flag();
+        let gives_up = wait_for_held_key(&shard, 1, &waker);
+        serve_as_actor(&shard);
+
+        let releaser = on_thread(&shard, move |shard| {
+            shard.release(held.waiter_id);
+            serve_as_actor(shard);
+        });
+        shard.abandon(gives_up);
+        releaser.join().unwrap();
+        serve_as_actor(&shard);
+        assert_eq!(
+            keys(&shard),
+            0,
+            "the grant in flight came back: no entry left"
+        );
+        let again = hold_free_key(&shard, 1);
+        let_go_and_find_nothing_left(&shard, again);
+    });
+}
