@@ -105,6 +105,23 @@ fn wait_for_held_key(shard: &Shard<u32>, key: u32, waker: &Waker) -> PendingKey 
     }
 }
 
+/// Before the model's threads start: key 1 held, and one request waiting for it (in actor mode
+/// too: served) for `waker`'s task. Returns the holder and the waiter.
+fn one_waiter_behind_a_holder(shard: &Shard<u32>, waker: &Waker) -> (Granted, PendingKey) {
+    let held = hold_free_key(shard, 1);
+    let waiting = wait_for_held_key(shard, 1, waker);
+    serve_as_actor(shard);
+    (held, waiting)
+}
+
+/// Releases `held` on a model thread of its own, and serves what the release queued.
+fn release_on_thread(shard: &Arc<Shard<u32>>, held: Granted) -> thread::JoinHandle<()> {
+    on_thread(shard, move |shard| {
+        shard.release(held.waiter_id);
+        serve_as_actor(shard);
+    })
+}
+
 /// Runs `work` on a model thread of its own.
 fn on_thread(
     shard: &Arc<Shard<u32>>,
@@ -259,15 +276,10 @@ fn loom_shutdown_against_a_step_in_progress() {
 fn loom_poll_against_grant() {
     in_both_modes(|execution| {
         let shard = shard(execution);
-        let held = hold_free_key(&shard, 1);
         let (_, first_waker) = flag();
-        let waiting = wait_for_held_key(&shard, 1, &first_waker);
-        serve_as_actor(&shard);
+        let (held, waiting) = one_waiter_behind_a_holder(&shard, &first_waker);
 
-        let releaser = on_thread(&shard, move |shard| {
-            shard.release(held.waiter_id);
-            serve_as_actor(shard);
-        });
+        let releaser = release_on_thread(&shard, held);
         let (polled_woken, polled_waker) = flag();
         let first = shard.poll_grant(waiting, &mut Context::from_waker(&polled_waker));
         releaser.join().unwrap();
@@ -322,10 +334,8 @@ fn loom_give_up_against_close() {
 fn loom_pickup_against_close() {
     in_both_modes(|execution| {
         let shard = shard(execution);
-        let held = hold_free_key(&shard, 1);
         let (woken, waker) = flag();
-        let waiting = wait_for_held_key(&shard, 1, &waker);
-        serve_as_actor(&shard);
+        let (held, waiting) = one_waiter_behind_a_holder(&shard, &waker);
         shard.release(held.waiter_id);
         serve_as_actor(&shard);
         assert!(woken.woken(), "the grant woke its waiter");
@@ -370,15 +380,10 @@ fn loom_pickup_against_close() {
 fn loom_give_up_against_grant_in_flight() {
     in_both_modes(|execution| {
         let shard = shard(execution);
-        let held = hold_free_key(&shard, 1);
         let (_, waker) = flag();
-        let gives_up = wait_for_held_key(&shard, 1, &waker);
-        serve_as_actor(&shard);
+        let (held, gives_up) = one_waiter_behind_a_holder(&shard, &waker);
 
-        let releaser = on_thread(&shard, move |shard| {
-            shard.release(held.waiter_id);
-            serve_as_actor(shard);
-        });
+        let releaser = release_on_thread(&shard, held);
         shard.abandon(gives_up);
         releaser.join().unwrap();
         serve_as_actor(&shard);
