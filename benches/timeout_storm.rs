@@ -28,7 +28,8 @@
 //! workers' run queues are plus the release), the process's CPU time per lock call that ended
 //! (granted or timed out: the storm is a closed loop, and a contender whose call costs more
 //! CPU fills the run queues sooner), and for ours the ratios to the best peer of the same run:
-//! their distribution and the worst run. It writes everything, every run's rates included, to
+//! their distribution and the worst run; then every contender's ratios in one table. It writes
+//! everything, every run's rates and every contender's ratios included, to
 //! `target/bench-report/timeout_storm.json`.
 
 mod command_line;
@@ -506,6 +507,24 @@ fn print_summary(measured: &Measured, runs: u64) {
             buckets.join(", ")
         );
     }
+    // Every contender against the same yardstick: whether the stand-ins and the peers
+    // themselves fall below half of the run's best peer, and how often.
+    println!(
+        "\nEvery contender over the best peer of the same run (a peer's best peer may be itself):\n\n\
+         | contender | min | median | max | runs below half |\n\
+         |---|--:|--:|--:|--:|"
+    );
+    for name in &measured.names {
+        let Some(ratios) = measured.ratios_to_best_peer(name) else {
+            continue;
+        };
+        let (low, high) = min_max(&ratios);
+        println!(
+            "| {name} | {low:.2} | {:.2} | {high:.2} | {} |",
+            median(&ratios),
+            ratios.iter().filter(|&&ratio| ratio < 0.5).count()
+        );
+    }
 }
 
 fn write_json(measured: &Measured, runs: u64) {
@@ -542,7 +561,8 @@ fn write_json(measured: &Measured, runs: u64) {
             ((*name).to_owned(), summary)
         })
         .collect();
-    let ratios: serde_json::Map<_, _> = OURS
+    let ratios: serde_json::Map<_, _> = measured
+        .names
         .iter()
         .filter_map(|name| Some(((*name).to_owned(), measured.ratios_to_best_peer(name)?)))
         .map(|(name, ratios)| {
