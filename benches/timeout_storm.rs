@@ -28,7 +28,8 @@
 //! workers' run queues are plus the release), the process's CPU time per lock call that ended
 //! (granted or timed out: the storm is a closed loop, and a contender whose call costs more
 //! CPU fills the run queues sooner), and for ours the ratios to the best peer of the same run:
-//! their distribution and the worst run; then every contender's ratios in one table. It writes
+//! their distribution and the worst run; then every contender's ratios in one table, with the
+//! runs in which it fell below half of its own median goodput (slow spells). It writes
 //! everything, every run's rates and every contender's ratios included, to
 //! `target/bench-report/timeout_storm.json`.
 
@@ -508,23 +509,43 @@ fn print_summary(measured: &Measured, runs: u64) {
         );
     }
     // Every contender against the same yardstick: whether the stand-ins and the peers
-    // themselves fall below half of the run's best peer, and how often.
+    // themselves fall below half of the run's best peer, and how often. The last column
+    // measures each against itself: a run below half its own median goodput is a slow spell
+    // that took this contender down whoever else it took, the machine's share of the collapses.
     println!(
         "\nEvery contender over the best peer of the same run (a peer's best peer may be itself):\n\n\
-         | contender | min | median | max | runs below half |\n\
-         |---|--:|--:|--:|--:|"
+         | contender | min | median | max | runs below half | runs below half its own median (which) |\n\
+         |---|--:|--:|--:|--:|---|"
     );
-    for name in &measured.names {
+    for (index, name) in measured.names.iter().enumerate() {
         let Some(ratios) = measured.ratios_to_best_peer(name) else {
             continue;
         };
         let (low, high) = min_max(&ratios);
+        let slow_runs = runs_below_half_own_median(&measured.goodputs(index));
+        let which = if slow_runs.is_empty() {
+            "0".to_owned()
+        } else {
+            let runs: Vec<String> = slow_runs.iter().map(|run| (run + 1).to_string()).collect();
+            format!("{} ({})", slow_runs.len(), runs.join(", "))
+        };
         println!(
-            "| {name} | {low:.2} | {:.2} | {high:.2} | {} |",
+            "| {name} | {low:.2} | {:.2} | {high:.2} | {} | {which} |",
             median(&ratios),
-            ratios.iter().filter(|&&ratio| ratio < 0.5).count()
+            ratios.iter().filter(|&&ratio| ratio < 0.5).count(),
         );
     }
+}
+
+/// The runs (from 0) whose goodput fell below half of the median of `goodputs`.
+fn runs_below_half_own_median(goodputs: &[f64]) -> Vec<usize> {
+    let half = median(goodputs) / 2.0;
+    goodputs
+        .iter()
+        .enumerate()
+        .filter(|&(_, &goodput)| goodput < half)
+        .map(|(run, _)| run)
+        .collect()
 }
 
 fn write_json(measured: &Measured, runs: u64) {
@@ -556,6 +577,10 @@ fn write_json(measured: &Measured, runs: u64) {
                 "min": min,
                 "median": median(&goodputs),
                 "max": max,
+                "runs_below_half_own_median": runs_below_half_own_median(&goodputs)
+                    .into_iter()
+                    .map(|run| run + 1)
+                    .collect::<Vec<_>>(),
                 "runs": per_run,
             });
             ((*name).to_owned(), summary)
