@@ -526,7 +526,7 @@ fn print_summary(measured: &Measured, runs: u64) {
         let which = if slow_runs.is_empty() {
             "0".to_owned()
         } else {
-            let runs: Vec<String> = slow_runs.iter().map(|run| (run + 1).to_string()).collect();
+            let runs: Vec<String> = slow_runs.iter().map(u64::to_string).collect();
             format!("{} ({})", slow_runs.len(), runs.join(", "))
         };
         println!(
@@ -537,12 +537,12 @@ fn print_summary(measured: &Measured, runs: u64) {
     }
 }
 
-/// The runs (from 0) whose goodput fell below half of the median of `goodputs`.
-fn runs_below_half_own_median(goodputs: &[f64]) -> Vec<usize> {
+/// The runs whose goodput fell below half of the median of `goodputs`, numbered from 1 as the
+/// per-run lines number them.
+fn runs_below_half_own_median(goodputs: &[f64]) -> Vec<u64> {
     let half = median(goodputs) / 2.0;
-    goodputs
-        .iter()
-        .enumerate()
+    (1..)
+        .zip(goodputs)
         .filter(|&(_, &goodput)| goodput < half)
         .map(|(run, _)| run)
         .collect()
@@ -577,10 +577,7 @@ fn write_json(measured: &Measured, runs: u64) {
                 "min": min,
                 "median": median(&goodputs),
                 "max": max,
-                "runs_below_half_own_median": runs_below_half_own_median(&goodputs)
-                    .into_iter()
-                    .map(|run| run + 1)
-                    .collect::<Vec<_>>(),
+                "runs_below_half_own_median": runs_below_half_own_median(&goodputs),
                 "runs": per_run,
             });
             ((*name).to_owned(), summary)
