@@ -12,10 +12,19 @@
 //! The `sync` workload (threads through blocking calls) has contenders of its own, so it is a
 //! table of its own, measured the same way against its own peers.
 //!
+//! Before and after every run a probe times a cache line's round trip between the two cores
+//! (`placement/mod.rs`): on the VMs this was measured on, the host moves the cores near each
+//! other and far apart several times a second, and every contender's run is slower when they
+//! are far, so a per-round ratio depends on where each of the two runs fell. A second table
+//! gives each contender's median over the runs that had the cores near throughout, and over
+//! those that had them far, with our ratios to the best peer's median under the same
+//! placement.
+//!
 //! `cargo bench --bench interleaved` prints the tables and writes
 //! `target/bench-report/interleaved.json`, which `bench_report.rs` reads.
 
 mod contenders;
+mod placement;
 mod workloads;
 // The `sync` workload and its contenders: only this benchmark runs them, so they are not in
 // the modules `peers.rs` shares.
@@ -31,6 +40,7 @@ use serde_json::json;
 
 use blocking_contenders::BlockingContender;
 use contenders::{Contender, runtime};
+use placement::Placement;
 use workloads::Workload;
 
 /// Measured rounds per workload, after one warm-up round.
@@ -55,6 +65,10 @@ type Finish = Box<dyn FnOnce(&tokio::runtime::Runtime)>;
 struct Measured {
     names: Vec<&'static str>,
     rates: Vec<Vec<f64>>,
+    /// Where the cores were during each run, per contender and round.
+    placements: Vec<Vec<Placement>>,
+    /// Every probe's round trip, in order.
+    probes: Vec<Duration>,
     /// The contenders ours are held against.
     peers: &'static [&'static str],
 }
@@ -73,13 +87,15 @@ fn measure(runtime: &Arc<tokio::runtime::Runtime>, workload: Workload) -> Measur
         }));
         finishes.push(Box::new(move || workload.finish(&runtime_for_finish, &*for_finish)));
     });
-    let rates = run_rounds(&mut runs, workload.ops());
+    let rounds = run_rounds(&mut runs, workload.ops());
     for finish in finishes {
         finish();
     }
     Measured {
         names,
-        rates,
+        rates: rounds.rates,
+        placements: rounds.placements,
+        probes: rounds.probes,
         peers: &PEERS,
     }
 }
@@ -102,34 +118,55 @@ fn measure_sync(runtime: &tokio::runtime::Runtime) -> Measured {
             }
         }));
     });
-    let rates = run_rounds(&mut runs, sync_workload::ops());
+    let rounds = run_rounds(&mut runs, sync_workload::ops());
     for finish in finishes {
         finish(runtime);
     }
     Measured {
         names,
-        rates,
+        rates: rounds.rates,
+        placements: rounds.placements,
+        probes: rounds.probes,
         peers: &SYNC_PEERS,
     }
 }
 
+/// What [`run_rounds`] measured.
+struct Rounds {
+    rates: Vec<Vec<f64>>,
+    placements: Vec<Vec<Placement>>,
+    probes: Vec<Duration>,
+}
+
 /// Runs every contender once per round, a different one first each round, after one warm-up
-/// round; returns the rates per contender and round.
-fn run_rounds(runs: &mut [Run], ops: u64) -> Vec<Vec<f64>> {
+/// round, with a placement probe between every two runs; returns the rates and placements
+/// per contender and round.
+fn run_rounds(runs: &mut [Run], ops: u64) -> Rounds {
     let mut rates = vec![Vec::with_capacity(ROUNDS); runs.len()];
+    let mut placements = vec![Vec::with_capacity(ROUNDS); runs.len()];
+    let mut probes = Vec::new();
     let mut run_number = 0;
+    let mut before = placement::round_trip();
     for round in 0..=ROUNDS {
         for turn in 0..runs.len() {
             // A different contender goes first each round, so none always follows the same one.
             let index = (turn + round) % runs.len();
             run_number += 1;
             let elapsed = runs[index](run_number);
+            let after = placement::round_trip();
             if round > 0 {
                 rates[index].push(ops as f64 / elapsed.as_secs_f64() / 1e6);
+                placements[index].push(Placement::of(before, after));
+                probes.push(after);
             }
+            before = after;
         }
     }
-    rates
+    Rounds {
+        rates,
+        placements,
+        probes,
+    }
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -179,6 +216,97 @@ impl Measured {
     }
 }
 
+impl Measured {
+    /// `name`'s rates in the runs that had the cores where `placement` says.
+    fn rates_under(&self, name: &str, placement: Placement) -> Vec<f64> {
+        let index = self.index_of(name);
+        self.rates[index]
+            .iter()
+            .zip(&self.placements[index])
+            .filter(|(_, under)| **under == placement)
+            .map(|(rate, _)| *rate)
+            .collect()
+    }
+
+    /// The best peer's median rate over its runs under `placement`, and its name; `None` if no
+    /// peer had such a run.
+    fn best_peer_under(&self, placement: Placement) -> Option<(f64, &'static str)> {
+        self.peers
+            .iter()
+            .filter_map(|peer| {
+                let rates = self.rates_under(peer, placement);
+                (!rates.is_empty()).then(|| (median(&rates), *peer))
+            })
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+    }
+
+    /// The share of probes that found the cores near each other.
+    fn near_share(&self) -> f64 {
+        let near = self
+            .probes
+            .iter()
+            .filter(|probe| **probe < placement::NEAR_BELOW)
+            .count();
+        near as f64 / self.probes.len().max(1) as f64
+    }
+
+    /// Its rows of the table by placement (near and far), and their entry in
+    /// `interleaved.json`: each contender's median and number of runs under each placement,
+    /// and ours over the best peer's median under the same.
+    fn rows_by_placement(&self, workload: &str) -> (String, serde_json::Value) {
+        let mut rows = String::new();
+        let mut json = serde_json::Map::new();
+        for placement in [Placement::Near, Placement::Far] {
+            let mut row = format!("| `{workload}`, {} |", placement.name());
+            let mut contenders_json = serde_json::Map::new();
+            for name in &self.names {
+                let rates = self.rates_under(name, placement);
+                if rates.is_empty() {
+                    row.push_str(" – |");
+                    continue;
+                }
+                row.push_str(&format!(" {:.2} ({}) |", median(&rates), rates.len()));
+                contenders_json.insert(
+                    (*name).to_owned(),
+                    json!({ "median": median(&rates), "runs": rates.len() }),
+                );
+            }
+            let best = self.best_peer_under(placement);
+            let mut ratios_json = serde_json::Map::new();
+            for name in OURS {
+                let rates = self.rates_under(name, placement);
+                match best {
+                    Some((best, _)) if !rates.is_empty() => {
+                        let ratio = median(&rates) / best;
+                        row.push_str(&format!(" {ratio:.2}× |"));
+                        ratios_json.insert(name.to_owned(), json!(ratio));
+                    }
+                    _ => row.push_str(" – |"),
+                }
+            }
+            row.push('\n');
+            rows.push_str(&row);
+            json.insert(
+                placement.name().to_owned(),
+                json!({
+                    "contenders": contenders_json,
+                    "best_peer": best.map(|(_, name)| name),
+                    "ratio_to_best_peer": ratios_json,
+                }),
+            );
+        }
+        let mixed = self
+            .placements
+            .iter()
+            .flatten()
+            .filter(|placement| **placement == Placement::Mixed)
+            .count();
+        json.insert("mixed_runs".to_owned(), json!(mixed));
+        json.insert("near_share_of_probes".to_owned(), json!(self.near_share()));
+        (rows, serde_json::Value::Object(json))
+    }
+}
+
 fn summary(values: &[f64]) -> serde_json::Value {
     let (min, max) = min_max(values);
     json!({ "median": median(values), "min": min, "max": max })
@@ -221,13 +349,28 @@ impl Measured {
             .zip(&self.rates)
             .map(|(name, rates)| ((*name).to_owned(), summary(rates)))
             .collect();
+        let (_, by_placement) = self.rows_by_placement(workload);
         let json = json!({
             "name": workload,
             "contenders": contenders_json,
             "ratio_to_best_peer": ratios_json,
+            "by_placement": by_placement,
         });
         (row, json)
     }
+}
+
+/// The table of `workload`'s runs by the cores' placement, with its heading.
+fn placement_table(measured: &Measured, workload: &str) -> String {
+    let (rows, _) = measured.rows_by_placement(workload);
+    format!(
+        "\n`{workload}` by the cores' placement: median M lock/unlock pairs per second (runs) \
+         over the runs with the cores near each other throughout (round trip below {} ns) and \
+         far apart throughout; the probes found them near {:.0}% of the time:\n\n{}{rows}",
+        placement::NEAR_BELOW.as_nanos(),
+        100.0 * measured.near_share(),
+        measured.header()
+    )
 }
 
 fn main() {
@@ -246,6 +389,7 @@ fn main() {
     let wanted = |name: &str| chosen.is_empty() || chosen.contains(&name);
     let runtime = Arc::new(runtime());
     let mut tables = String::new();
+    let mut by_placement = String::new();
     let mut workloads_json = Vec::new();
     let mut header = None;
     for workload in Workload::ALL {
@@ -255,6 +399,7 @@ fn main() {
         eprintln!("measuring {} ({ROUNDS} rounds)", workload.name());
         let measured = measure(&runtime, workload);
         let (row, json) = measured.row(workload.name());
+        by_placement.push_str(&placement_table(&measured, workload.name()));
         header.get_or_insert_with(|| {
             format!(
                 "Interleaved: median M lock/unlock pairs per second over {ROUNDS} rounds \
@@ -272,6 +417,7 @@ fn main() {
         eprintln!("measuring {} ({ROUNDS} rounds)", sync_workload::NAME);
         let measured = measure_sync(&runtime);
         let (row, json) = measured.row(sync_workload::NAME);
+        by_placement.push_str(&placement_table(&measured, sync_workload::NAME));
         if !tables.is_empty() {
             tables.push('\n');
         }
@@ -284,6 +430,7 @@ fn main() {
         workloads_json.push(json);
     }
     print!("{tables}");
+    print!("{by_placement}");
     let report_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))

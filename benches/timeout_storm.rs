@@ -29,12 +29,17 @@
 //! (granted or timed out: the storm is a closed loop, and a contender whose call costs more
 //! CPU fills the run queues sooner), and for ours the ratios to the best peer of the same run:
 //! their distribution and the worst run; then every contender's ratios in one table, with the
-//! runs in which it fell below half of its own median goodput (slow spells). It writes
+//! runs in which it fell below half of its own median goodput (slow spells). Before and after
+//! every run a probe times a cache line's round trip between the two cores
+//! (`placement/mod.rs`), so each run is marked `n` (the cores near each other throughout), `f`
+//! (far apart) or `m` (they moved), and each of our runs below half says whether it ran with
+//! the cores far while the best peer ran with them near. It writes
 //! everything, every run's rates and every contender's ratios included, to
 //! `target/bench-report/timeout_storm.json`.
 
 mod command_line;
 mod contenders;
+mod placement;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,6 +51,7 @@ use rand::{RngExt, SeedableRng};
 use serde_json::json;
 
 use contenders::{Contender, runtime};
+use placement::Placement;
 
 /// The keys the storm and the holders share.
 const KEYS: u64 = 4;
@@ -102,6 +108,8 @@ struct RunResult {
     /// The context switches and CPU time of this process's threads during the run (Linux
     /// only).
     threads: Option<ThreadCounts>,
+    /// Where the cores were during the run.
+    placement: Placement,
 }
 
 /// Context switches and CPU time of every thread of this process, as
@@ -264,6 +272,8 @@ async fn storm<C: Contender>(contender: &Arc<C>, run: u64, storm_tasks: u64) -> 
         threads: ThreadCounts::now()
             .zip(threads_before)
             .map(|(after, before)| after.since(before)),
+        // Set by the caller, which probes before and after the run.
+        placement: Placement::Mixed,
     }
 }
 
@@ -285,6 +295,15 @@ fn median_or_dash(values: &[f64], unit: &str) -> String {
         "-".to_owned()
     } else {
         format!("{:.0}{unit}", median(values))
+    }
+}
+
+/// The median of `ratios` to two places, or a dash if there are none.
+fn ratio_or_dash(ratios: &[f64]) -> String {
+    if ratios.is_empty() {
+        "-".to_owned()
+    } else {
+        format!("{:.2}", median(ratios))
     }
 }
 
@@ -332,6 +351,48 @@ impl Measured {
                 Some(self.results[index][run].goodput() / best)
             })
             .collect()
+    }
+}
+
+/// One of ours against the best peer of each run, by where the cores were during the two runs.
+struct ByPlacement {
+    /// Runs below half of the best peer's goodput.
+    below_half: usize,
+    /// Of those, runs in which ours had the cores far apart and the best peer had them near.
+    below_half_far_against_near: usize,
+    /// The ratios of the runs in which both had the cores near each other throughout.
+    both_near: Vec<f64>,
+    /// The ratios of the runs in which both had them far apart throughout.
+    both_far: Vec<f64>,
+}
+
+impl Measured {
+    /// `name`'s ratios to the best peer of each run, by placement; `None` if it or no peer ran.
+    fn by_placement(&self, name: &str) -> Option<ByPlacement> {
+        let index = self.index_of(name)?;
+        let mut placed = ByPlacement {
+            below_half: 0,
+            below_half_far_against_near: 0,
+            both_near: Vec::new(),
+            both_far: Vec::new(),
+        };
+        for (run, ours) in self.results[index].iter().enumerate() {
+            let (peer, best) = self.best_peer(run)?;
+            let theirs = self.results[self.index_of(peer)?][run].placement;
+            let ratio = ours.goodput() / best;
+            if ratio < 0.5 {
+                placed.below_half += 1;
+                if ours.placement == Placement::Far && theirs == Placement::Near {
+                    placed.below_half_far_against_near += 1;
+                }
+            }
+            match (ours.placement, theirs) {
+                (Placement::Near, Placement::Near) => placed.both_near.push(ratio),
+                (Placement::Far, Placement::Far) => placed.both_far.push(ratio),
+                _ => {}
+            }
+        }
+        Some(placed)
     }
 }
 
@@ -410,17 +471,26 @@ fn main() {
         measured.names.join(" | ")
     );
     println!("|--:|{}---|", "--:|".repeat(measured.names.len()));
+    let mut before = placement::round_trip();
     for run in 0..cli.runs {
         for turn in 0..runs.len() {
             // A different contender goes first each run, so none always follows the same one.
             let index = (turn + run as usize) % runs.len();
-            let result = runs[index](run);
+            let mut result = runs[index](run);
+            let after = placement::round_trip();
+            result.placement = Placement::of(before, after);
+            before = after;
             measured.results[index].push(result);
         }
         let run_index = run as usize;
         let mut line = format!("| {} |", run + 1);
         for results in &measured.results {
-            line.push_str(&format!(" {:.0} |", results[run_index].goodput()));
+            let result = &results[run_index];
+            line.push_str(&format!(
+                " {:.0} {} |",
+                result.goodput(),
+                result.placement.letter()
+            ));
         }
         if let Some((peer, best)) = measured.best_peer(run_index) {
             line.push_str(&format!(" best {peer}:"));
@@ -507,6 +577,19 @@ fn print_summary(measured: &Measured, runs: u64) {
             ratios.iter().filter(|&&ratio| ratio < 0.5).count(),
             buckets.join(", ")
         );
+        if let Some(placed) = measured.by_placement(name) {
+            println!(
+                "  by the cores' placement: runs below half with ours far and the best peer \
+                 near: {} of {}; median over the runs where both had the cores near: {} ({} \
+                 runs), both far: {} ({} runs)",
+                placed.below_half_far_against_near,
+                placed.below_half,
+                ratio_or_dash(&placed.both_near),
+                placed.both_near.len(),
+                ratio_or_dash(&placed.both_far),
+                placed.both_far.len(),
+            );
+        }
     }
     // Every contender against the same yardstick: whether the stand-ins and the peers
     // themselves fall below half of the run's best peer, and how often. The last column
@@ -570,6 +653,7 @@ fn write_json(measured: &Measured, runs: u64) {
                         "voluntary_switches": result.threads.map(|threads| threads.voluntary),
                         "preempted": result.threads.map(|threads| threads.preempted),
                         "cpu_nanos_per_call": result.cpu_nanos_per_call(),
+                        "placement": result.placement.name(),
                     })
                 })
                 .collect();
@@ -589,8 +673,21 @@ fn write_json(measured: &Measured, runs: u64) {
         .filter_map(|name| Some(((*name).to_owned(), measured.ratios_to_best_peer(name)?)))
         .map(|(name, ratios)| {
             let (min, max) = min_max(&ratios);
-            let summary =
-                json!({ "min": min, "median": median(&ratios), "max": max, "runs": ratios });
+            let placed = measured.by_placement(&name).map(|placed| {
+                json!({
+                    "below_half": placed.below_half,
+                    "below_half_far_against_near": placed.below_half_far_against_near,
+                    "both_near": placed.both_near,
+                    "both_far": placed.both_far,
+                })
+            });
+            let summary = json!({
+                "min": min,
+                "median": median(&ratios),
+                "max": max,
+                "runs": ratios,
+                "by_placement": placed,
+            });
             (name, summary)
         })
         .collect();
