@@ -2,7 +2,9 @@
 //! trying changes quickly: 512 tasks on a 2-worker runtime (`--workers N`), 600 lock/unlock
 //! pairs each, a `yield_now` inside every critical section, over 10,000 keys (or one key with
 //! `--hot`).
-//! Prints the time per pair. `--actor` builds the registry in actor mode; `--contender NAME`
+//! Prints the time per pair, and the round trip of a cache line between the two cores just
+//! before and just after the run (`placement/mod.rs`): on a VM whose host moves its cores
+//! about, a run with them far apart takes about twice as long, whoever runs it. `--actor` builds the registry in actor mode; `--contender NAME`
 //! runs the same tasks on any contender of the benchmarks (`benches/contenders/`, the registry
 //! included), so that a profile of ours can be set beside one of the single-owner stand-in,
 //! say.
@@ -20,6 +22,7 @@ mod command_line;
 // Shared with the other benchmarks, which use the rest of it.
 #[allow(dead_code)]
 mod contenders;
+mod placement;
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -27,6 +30,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use contenders::Contender;
+use placement::Placement;
 
 const TASKS: u64 = 512;
 const PAIRS_PER_TASK: u64 = 600;
@@ -117,7 +121,9 @@ fn run<C: Contender>(hot: bool, workers: NonZeroUsize) -> Result<(), Box<dyn std
         .worker_threads(workers.get())
         .enable_all()
         .build()?;
-    runtime.block_on(async {
+    // With the runtime's workers idle, so that the probe's two threads have the two cores.
+    let before = placement::round_trip();
+    let (per_pair, left) = runtime.block_on(async {
         let contender = Arc::new(C::new(KEYS as usize));
         let start = Instant::now();
         let tasks: Vec<_> = (0..TASKS)
@@ -139,14 +145,20 @@ fn run<C: Contender>(hot: bool, workers: NonZeroUsize) -> Result<(), Box<dyn std
         let per_pair = start.elapsed() / (TASKS * PAIRS_PER_TASK) as u32;
         let left = contender.entries().await;
         contender.close().await;
-        let workload = if hot { "one key" } else { "10,000 keys" };
-        println!(
-            "{TASKS} tasks x {PAIRS_PER_TASK} pairs over {workload}: {per_pair:?} per pair ({}, workers: {workers})",
-            C::NAME
-        );
-        match left {
-            Some(0) | None => Ok(()),
-            Some(left) => Err(format!("{} left {left} entries behind", C::NAME).into()),
-        }
-    })
+        Ok::<_, Box<dyn std::error::Error>>((per_pair, left))
+    })?;
+    let after = placement::round_trip();
+    let workload = if hot { "one key" } else { "10,000 keys" };
+    println!(
+        "{TASKS} tasks x {PAIRS_PER_TASK} pairs over {workload}: {per_pair:?} per pair ({}, workers: {workers}); \
+         the cores' round trip {} ns before, {} ns after: {}",
+        C::NAME,
+        before.as_nanos(),
+        after.as_nanos(),
+        Placement::of(before, after).name()
+    );
+    match left {
+        Some(0) | None => Ok(()),
+        Some(left) => Err(format!("{} left {left} entries behind", C::NAME).into()),
+    }
 }

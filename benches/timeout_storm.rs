@@ -133,11 +133,16 @@ impl ThreadCounts {
             preempted: 0,
             cpu_nanos: 0,
         };
-        for task in std::fs::read_dir("/proc/self/task").ok()? {
-            let task = task.ok()?.path();
-            let schedstat = std::fs::read_to_string(task.join("schedstat")).ok()?;
-            total.cpu_nanos += schedstat.split_whitespace().next()?.parse::<u64>().ok()?;
-            let status = std::fs::read_to_string(task.join("status")).ok()?;
+        for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+            let task = task.path();
+            // A thread that ends while it is read (the placement probe's, say) is skipped: its
+            // files go with it, and it ran no lock call.
+            let (Ok(schedstat), Ok(status)) = (
+                std::fs::read_to_string(task.join("schedstat")),
+                std::fs::read_to_string(task.join("status")),
+            ) else {
+                continue;
+            };
             let count = |field: &str| {
                 status
                     .lines()
@@ -146,6 +151,7 @@ impl ThreadCounts {
                     .parse::<u64>()
                     .ok()
             };
+            total.cpu_nanos += schedstat.split_whitespace().next()?.parse::<u64>().ok()?;
             total.voluntary += count("voluntary_ctxt_switches:")?;
             total.preempted += count("nonvoluntary_ctxt_switches:")?;
         }
