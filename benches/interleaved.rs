@@ -14,8 +14,9 @@
 //!
 //! Before and after every run a probe times a cache line's round trip between the two cores
 //! (`placement/mod.rs`): on the VMs this was measured on, the host moves the cores near each
-//! other and far apart several times a second, and every contender's run is slower when they
-//! are far, so a per-round ratio depends on where each of the two runs fell. A second table
+//! other and far apart several times a second, and a `spread` run with them far takes about
+//! twice as long, whoever runs it, so a per-round ratio depends on where each of the two runs
+//! fell. A second table
 //! gives each contender's median over the runs that had the cores near throughout, and over
 //! those that had them far, with our ratios to the best peer's median under the same
 //! placement.
@@ -328,8 +329,8 @@ impl Measured {
         header
     }
 
-    /// Its row of the table, and its entry in `interleaved.json`.
-    fn row(&self, workload: &str) -> (String, serde_json::Value) {
+    /// Its row of the table, its table by placement, and its entry in `interleaved.json`.
+    fn row(&self, workload: &str) -> (String, String, serde_json::Value) {
         let mut row = format!("| `{workload}` |");
         for rates in &self.rates {
             let (low, high) = min_max(rates);
@@ -349,28 +350,24 @@ impl Measured {
             .zip(&self.rates)
             .map(|(name, rates)| ((*name).to_owned(), summary(rates)))
             .collect();
-        let (_, by_placement) = self.rows_by_placement(workload);
+        let (placement_rows, by_placement) = self.rows_by_placement(workload);
+        let placement_table = format!(
+            "\n`{workload}` by the cores' placement: median M lock/unlock pairs per second \
+             (runs) over the runs with the cores near each other throughout (round trip below \
+             {} ns) and far apart throughout; the probes found them near {:.0}% of the \
+             time:\n\n{}{placement_rows}",
+            placement::NEAR_BELOW.as_nanos(),
+            100.0 * self.near_share(),
+            self.header()
+        );
         let json = json!({
             "name": workload,
             "contenders": contenders_json,
             "ratio_to_best_peer": ratios_json,
             "by_placement": by_placement,
         });
-        (row, json)
+        (row, placement_table, json)
     }
-}
-
-/// The table of `workload`'s runs by the cores' placement, with its heading.
-fn placement_table(measured: &Measured, workload: &str) -> String {
-    let (rows, _) = measured.rows_by_placement(workload);
-    format!(
-        "\n`{workload}` by the cores' placement: median M lock/unlock pairs per second (runs) \
-         over the runs with the cores near each other throughout (round trip below {} ns) and \
-         far apart throughout; the probes found them near {:.0}% of the time:\n\n{}{rows}",
-        placement::NEAR_BELOW.as_nanos(),
-        100.0 * measured.near_share(),
-        measured.header()
-    )
 }
 
 fn main() {
@@ -398,8 +395,8 @@ fn main() {
         }
         eprintln!("measuring {} ({ROUNDS} rounds)", workload.name());
         let measured = measure(&runtime, workload);
-        let (row, json) = measured.row(workload.name());
-        by_placement.push_str(&placement_table(&measured, workload.name()));
+        let (row, placement_table, json) = measured.row(workload.name());
+        by_placement.push_str(&placement_table);
         header.get_or_insert_with(|| {
             format!(
                 "Interleaved: median M lock/unlock pairs per second over {ROUNDS} rounds \
@@ -416,8 +413,8 @@ fn main() {
     if wanted(sync_workload::NAME) {
         eprintln!("measuring {} ({ROUNDS} rounds)", sync_workload::NAME);
         let measured = measure_sync(&runtime);
-        let (row, json) = measured.row(sync_workload::NAME);
-        by_placement.push_str(&placement_table(&measured, sync_workload::NAME));
+        let (row, placement_table, json) = measured.row(sync_workload::NAME);
+        by_placement.push_str(&placement_table);
         if !tables.is_empty() {
             tables.push('\n');
         }

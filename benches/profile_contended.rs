@@ -4,10 +4,10 @@
 //! `--hot`).
 //! Prints the time per pair, and the round trip of a cache line between the two cores just
 //! before and just after the run (`placement/mod.rs`): on a VM whose host moves its cores
-//! about, a run with them far apart takes about twice as long, whoever runs it. `--actor` builds the registry in actor mode; `--contender NAME`
-//! runs the same tasks on any contender of the benchmarks (`benches/contenders/`, the registry
-//! included), so that a profile of ours can be set beside one of the single-owner stand-in,
-//! say.
+//! about, a run with them far apart takes about twice as long, whoever runs it. `--actor`
+//! builds the registry in actor mode; `--contender NAME` runs the same tasks on any contender
+//! of the benchmarks (`benches/contenders/`, the registry included), so that a profile of ours
+//! can be set beside one of the single-owner stand-in, say.
 //!
 //! ```sh
 //! cargo bench --bench profile_contended                 # spread

@@ -108,8 +108,6 @@ struct RunResult {
     /// The context switches and CPU time of this process's threads during the run (Linux
     /// only).
     threads: Option<ThreadCounts>,
-    /// Where the cores were during the run.
-    placement: Placement,
 }
 
 /// Context switches and CPU time of every thread of this process, as
@@ -278,8 +276,6 @@ async fn storm<C: Contender>(contender: &Arc<C>, run: u64, storm_tasks: u64) -> 
         threads: ThreadCounts::now()
             .zip(threads_before)
             .map(|(after, before)| after.since(before)),
-        // Set by the caller, which probes before and after the run.
-        placement: Placement::Mixed,
     }
 }
 
@@ -296,20 +292,11 @@ fn median(values: &[f64]) -> f64 {
 
 /// The median of `values` with `unit` after it, or "-" if there are none (a figure that only
 /// Linux gives).
-fn median_or_dash(values: &[f64], unit: &str) -> String {
+fn median_or_dash(values: &[f64], decimals: usize, unit: &str) -> String {
     if values.is_empty() {
         "-".to_owned()
     } else {
-        format!("{:.0}{unit}", median(values))
-    }
-}
-
-/// The median of `ratios` to two places, or a dash if there are none.
-fn ratio_or_dash(ratios: &[f64]) -> String {
-    if ratios.is_empty() {
-        "-".to_owned()
-    } else {
-        format!("{:.2}", median(ratios))
+        format!("{:.decimals$}{unit}", median(values))
     }
 }
 
@@ -326,6 +313,8 @@ struct Measured {
     names: Vec<&'static str>,
     /// Per contender (in `names`' order), per run.
     results: Vec<Vec<RunResult>>,
+    /// Where the cores were during each of those runs.
+    placements: Vec<Vec<Placement>>,
 }
 
 impl Measured {
@@ -362,9 +351,8 @@ impl Measured {
 
 /// One of ours against the best peer of each run, by where the cores were during the two runs.
 struct ByPlacement {
-    /// Runs below half of the best peer's goodput.
-    below_half: usize,
-    /// Of those, runs in which ours had the cores far apart and the best peer had them near.
+    /// Runs below half of the best peer's goodput in which ours had the cores far apart and
+    /// the best peer had them near.
     below_half_far_against_near: usize,
     /// The ratios of the runs in which both had the cores near each other throughout.
     both_near: Vec<f64>,
@@ -377,22 +365,22 @@ impl Measured {
     fn by_placement(&self, name: &str) -> Option<ByPlacement> {
         let index = self.index_of(name)?;
         let mut placed = ByPlacement {
-            below_half: 0,
             below_half_far_against_near: 0,
             both_near: Vec::new(),
             both_far: Vec::new(),
         };
-        for (run, ours) in self.results[index].iter().enumerate() {
+        for (run, (result, &ours)) in self.results[index]
+            .iter()
+            .zip(&self.placements[index])
+            .enumerate()
+        {
             let (peer, best) = self.best_peer(run)?;
-            let theirs = self.results[self.index_of(peer)?][run].placement;
-            let ratio = ours.goodput() / best;
-            if ratio < 0.5 {
-                placed.below_half += 1;
-                if ours.placement == Placement::Far && theirs == Placement::Near {
-                    placed.below_half_far_against_near += 1;
-                }
+            let theirs = self.placements[self.index_of(peer)?][run];
+            let ratio = result.goodput() / best;
+            if ratio < 0.5 && ours == Placement::Far && theirs == Placement::Near {
+                placed.below_half_far_against_near += 1;
             }
-            match (ours.placement, theirs) {
+            match (ours, theirs) {
                 (Placement::Near, Placement::Near) => placed.both_near.push(ratio),
                 (Placement::Far, Placement::Far) => placed.both_far.push(ratio),
                 _ => {}
@@ -470,6 +458,7 @@ fn main() {
     );
     let mut measured = Measured {
         results: vec![Vec::with_capacity(cli.runs as usize); runs.len()],
+        placements: vec![Vec::with_capacity(cli.runs as usize); runs.len()],
         names,
     };
     println!(
@@ -482,20 +471,19 @@ fn main() {
         for turn in 0..runs.len() {
             // A different contender goes first each run, so none always follows the same one.
             let index = (turn + run as usize) % runs.len();
-            let mut result = runs[index](run);
+            let result = runs[index](run);
             let after = placement::round_trip();
-            result.placement = Placement::of(before, after);
-            before = after;
             measured.results[index].push(result);
+            measured.placements[index].push(Placement::of(before, after));
+            before = after;
         }
         let run_index = run as usize;
         let mut line = format!("| {} |", run + 1);
-        for results in &measured.results {
-            let result = &results[run_index];
+        for (results, placements) in measured.results.iter().zip(&measured.placements) {
             line.push_str(&format!(
                 " {:.0} {} |",
-                result.goodput(),
-                result.placement.letter()
+                results[run_index].goodput(),
+                placements[run_index].letter()
             ));
         }
         if let Some((peer, best)) = measured.best_peer(run_index) {
@@ -542,8 +530,8 @@ fn print_summary(measured: &Measured, runs: u64) {
             .iter()
             .filter_map(RunResult::cpu_nanos_per_call)
             .collect();
-        let cpu_per_call = median_or_dash(&cpu_per_call, " ns");
-        let preempted = median_or_dash(&preempted, "");
+        let cpu_per_call = median_or_dash(&cpu_per_call, 0, " ns");
+        let preempted = median_or_dash(&preempted, 0, "");
         let at_deadline: Vec<f64> = measured.results[index]
             .iter()
             .map(RunResult::at_deadline_share)
@@ -566,6 +554,7 @@ fn print_summary(measured: &Measured, runs: u64) {
             continue;
         };
         let (low, high) = min_max(&ratios);
+        let below_half = ratios.iter().filter(|&&ratio| ratio < 0.5).count();
         let worst = ratios
             .iter()
             .enumerate()
@@ -580,7 +569,7 @@ fn print_summary(measured: &Measured, runs: u64) {
              {high:.2}; runs below half: {}\n  distribution: {}",
             worst + 1,
             median(&ratios),
-            ratios.iter().filter(|&&ratio| ratio < 0.5).count(),
+            below_half,
             buckets.join(", ")
         );
         if let Some(placed) = measured.by_placement(name) {
@@ -589,10 +578,10 @@ fn print_summary(measured: &Measured, runs: u64) {
                  near: {} of {}; median over the runs where both had the cores near: {} ({} \
                  runs), both far: {} ({} runs)",
                 placed.below_half_far_against_near,
-                placed.below_half,
-                ratio_or_dash(&placed.both_near),
+                below_half,
+                median_or_dash(&placed.both_near, 2, ""),
                 placed.both_near.len(),
-                ratio_or_dash(&placed.both_far),
+                median_or_dash(&placed.both_far, 2, ""),
                 placed.both_far.len(),
             );
         }
@@ -647,7 +636,8 @@ fn write_json(measured: &Measured, runs: u64) {
             let (min, max) = min_max(&goodputs);
             let per_run: Vec<_> = measured.results[index]
                 .iter()
-                .map(|result| {
+                .zip(&measured.placements[index])
+                .map(|(result, placement)| {
                     json!({
                         "goodput": result.goodput(),
                         "acquisitions": result.acquisitions,
@@ -659,7 +649,7 @@ fn write_json(measured: &Measured, runs: u64) {
                         "voluntary_switches": result.threads.map(|threads| threads.voluntary),
                         "preempted": result.threads.map(|threads| threads.preempted),
                         "cpu_nanos_per_call": result.cpu_nanos_per_call(),
-                        "placement": result.placement.name(),
+                        "placement": placement.name(),
                     })
                 })
                 .collect();
@@ -681,7 +671,6 @@ fn write_json(measured: &Measured, runs: u64) {
             let (min, max) = min_max(&ratios);
             let placed = measured.by_placement(&name).map(|placed| {
                 json!({
-                    "below_half": placed.below_half,
                     "below_half_far_against_near": placed.below_half_far_against_near,
                     "both_near": placed.both_near,
                     "both_far": placed.both_far,

@@ -2,11 +2,11 @@
 //! line between two threads.
 //!
 //! On the 2-core VMs these benchmarks were measured on, the host moves the two virtual CPUs
-//! between physical cores several times a second. A cache line goes from one to the other and
-//! back in 70 to 190 ns when they are near each other, and in 430 to 880 ns when they are not
-//! (`docs/performance-log.md`, round 34). Every lock word, run queue and table that two
-//! workers share pays that, so a run of `spread` takes about twice as long with the cores far
-//! apart, whoever runs it. A benchmark that compares runs therefore says which placement each
+//! between physical cores several times a second. This probe found a cache line going from one
+//! to the other and back in about 80 to 290 ns at some moments ("near") and 300 to 1,130 ns at
+//! others ("far") on such a VM. Every lock word, run queue and table that two workers share
+//! pays that, so a 2-worker run of `profile_contended` takes about twice as long with the cores
+//! far apart, whoever runs it. A benchmark that compares runs therefore says which placement each
 //! ran under, and compares runs under the same one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 /// Round trips per probe: about 2 ms when the cores are near, 10 ms when they are far.
 const ROUND_TRIPS: u64 = 20_000;
 
-/// Round trips below this are "near" (a shared cache), above it "far". The two seen on the
-/// 2-core VMs cluster at 70 to 190 ns and at 430 to 880 ns.
+/// Round trips below this are "near" (a shared cache), at or above it "far": between the two
+/// clusters this probe finds on the 2-core VMs.
 pub const NEAR_BELOW: Duration = Duration::from_nanos(300);
 
 /// Spins before a waiting side yields its core: two threads on one core still finish, if
