@@ -32,8 +32,9 @@
 //! runs in which it fell below half of its own median goodput (slow spells). Before and after
 //! every run a probe times a cache line's round trip between the two cores
 //! (`placement/mod.rs`), so each run is marked `n` (the cores near each other throughout), `f`
-//! (far apart) or `m` (they moved), and each of our runs below half says whether it ran with
-//! the cores far while the best peer ran with them near. It writes
+//! (far apart) or `m` (they moved); the summary gives each contender's median goodput over its
+//! near runs and over its far runs, and says how many of our runs below half ran with the
+//! cores far while the best peer ran with them near. It writes
 //! everything, every run's rates and every contender's ratios included, to
 //! `target/bench-report/timeout_storm.json`.
 
@@ -511,8 +512,9 @@ fn print_summary(measured: &Measured, runs: u64) {
         "\nGoodput, successful acquisitions per second over {runs} runs:\n\n\
          | contender | min | median | max | timeouts per run (median) | successes at the deadline \
          (median share) | held across the yield (median of means) | preempted per run (median) \
-         | CPU per call (median) |\n\
-         |---|--:|--:|--:|--:|--:|--:|--:|--:|"
+         | CPU per call (median) | median with the cores near (runs) | median with them far (runs) \
+         |\n\
+         |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     for (index, name) in measured.names.iter().enumerate() {
         let goodputs = measured.goodputs(index);
@@ -540,13 +542,24 @@ fn print_summary(measured: &Measured, runs: u64) {
             .iter()
             .map(RunResult::mean_hold_micros)
             .collect();
+        let under = |wanted: Placement| {
+            let goodputs: Vec<f64> = goodputs
+                .iter()
+                .zip(&measured.placements[index])
+                .filter(|(_, placement)| **placement == wanted)
+                .map(|(goodput, _)| *goodput)
+                .collect();
+            format!("{} ({})", median_or_dash(&goodputs, 0, ""), goodputs.len())
+        };
         println!(
             "| {name} | {low:.0} | {:.0} | {high:.0} | {:.0} | {:.2} | {:.0} µs | {preempted} \
-             | {cpu_per_call} |",
+             | {cpu_per_call} | {} | {} |",
             median(&goodputs),
             median(&timeouts),
             median(&at_deadline),
-            median(&held)
+            median(&held),
+            under(Placement::Near),
+            under(Placement::Far)
         );
     }
     for name in OURS {
